@@ -1,0 +1,109 @@
+"""Backend layer: array-module dispatch and the selection kernels.
+
+Schemes call the functions here and never branch on a device or a kernel
+name.  An array is either a NumPy array (host) or a device array that
+exposes ``__cuda_array_interface__`` (CuPy); torch tensors are converted
+without a copy through DLPack by :func:`as_array`.
+
+The kernels (``topk_abs``, ``threshold_select``, ``estimate_threshold``,
+``randomk``, ``rowwise_topk_mask``) dispatch on the array module of their
+input: NumPy kernels live in :mod:`mpisparse.backend.numpy_kernels`; the CuPy
+kernels of the GPU path plug in under the same names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+_KERNEL_MODULES = {"numpy": "mpisparse.backend.numpy_kernels"}
+
+
+def is_device_array(x: Any) -> bool:
+    """True for arrays that live in GPU memory (``__cuda_array_interface__``)."""
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "__dlpack__")
+
+
+def array_module(x: Any) -> ModuleType:
+    """``numpy`` for host arrays, ``cupy`` for device arrays."""
+    if is_device_array(x) and type(x).__module__.startswith("cupy"):
+        import cupy  # lazy: only reached with a CuPy array in hand
+
+        return cupy
+    return np
+
+
+def as_array(x: Any):
+    """View ``x`` as a NumPy (host) or CuPy (device) array, zero-copy.
+
+    torch tensors go through DLPack, so the returned array shares memory
+    with the tensor: writing into it writes into the tensor.
+    """
+    if isinstance(x, np.ndarray):
+        return x
+    if is_torch_tensor(x):
+        if x.device.type == "cpu":
+            return np.from_dlpack(x.detach())
+        import cupy
+
+        return cupy.from_dlpack(x.detach())
+    if is_device_array(x):
+        return x
+    return np.asarray(x)
+
+
+def kernels(x: Any) -> ModuleType:
+    """The kernel module for the array module of ``x``."""
+    name = array_module(x).__name__
+    try:
+        return importlib.import_module(_KERNEL_MODULES[name])
+    except KeyError:
+        raise NotImplementedError(
+            f"no selection kernels are registered for array module {name!r}; "
+            f"available: {', '.join(sorted(_KERNEL_MODULES))}"
+        ) from None
+
+
+def synchronize(x: Any) -> None:
+    """Wait for the device work that produces ``x`` (a no-op on the host)."""
+    if is_device_array(x) and type(x).__module__.startswith("cupy"):
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def topk_abs(x, k: int, **kw):
+    """Indices of the ``k`` entries of largest magnitude (exactly ``k``)."""
+    return kernels(x).topk_abs(x, k, **kw)
+
+
+def threshold_select(x, t: float, **kw):
+    """Indices of the entries with ``|x| >= t``."""
+    return kernels(x).threshold_select(x, t, **kw)
+
+
+def estimate_threshold(x, k: int, **kw) -> float:
+    """Sampled estimate of the ``k``-th largest magnitude."""
+    return kernels(x).estimate_threshold(x, k, **kw)
+
+
+def randomk(n: int, k: int, rng, *, like=None):
+    """``k`` distinct indices in ``[0, n)`` drawn from ``rng`` (same seed, same set)."""
+    return kernels(like if like is not None else np.empty(0)).randomk(n, k, rng)
+
+
+def rowwise_topk_mask(x, k: int):
+    """Per row of a 2-D array, a boolean mask of the ``k`` largest magnitudes."""
+    return kernels(x).rowwise_topk_mask(x, k)
+
+
+def index_dtype(n: int):
+    """4-byte indices while they fit, 8-byte beyond."""
+    return np.int32 if n < 2**31 else np.int64

@@ -1,0 +1,291 @@
+"""The ``mpisparse`` command line (click).
+
+Every command that runs ranks takes ``-n W``: outside MPI it re-runs itself
+under ``mpiexec -n W``; under ``mpiexec``/``srun`` it checks the job size.
+Options are validated before MPI starts, so a bad value is one line on
+stderr and a non-zero exit, before any collective runs.  :func:`main` ends
+the whole MPI job when any rank raises (never a hang).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from . import __version__
+from .launch import env_rank, relaunch, under_mpi_launcher
+from .models.shapes import model_names
+from .schemes import SCHEMES, all_options, scheme_class
+
+_ARGV: list[str] = []  # the command line this process was started with (re-used by -n)
+
+
+class ConfigMismatch(RuntimeError):
+    """Ranks were started with different configurations."""
+
+
+# --------------------------------------------------------------------------- helpers
+def rank0_echo(msg: str = "", err: bool = False) -> None:
+    if env_rank() == 0:
+        click.echo(msg, err=err)
+
+
+def _density(ctx, param, value):
+    if value is None:
+        return value
+    if not (isinstance(value, float) and math.isfinite(value) and 0.0 < value <= 1.0):
+        raise click.BadParameter(f"{value!r} is not in the allowed range (0, 1]")
+    return value
+
+
+def mpi_options(f: Callable) -> Callable:
+    """``-n`` and ``--timeout``, shared by every command that runs ranks."""
+    f = click.option("--timeout", type=click.IntRange(min=1), default=None, metavar="SECONDS",
+                     help="End the whole job after SECONDS (sets MPIEXEC_TIMEOUT / --timeout).")(f)
+    f = click.option("-n", "--np", "nprocs", type=click.IntRange(min=1), default=None, metavar="W",
+                     help="Run on W ranks: spawns `mpiexec -n W` unless already under MPI.")(f)
+    return f
+
+
+def scheme_options(f: Callable) -> Callable:
+    """One click option per scheme option in the registry (defaults: None = unset)."""
+    for name, (opt, owners) in sorted(all_options().items(), reverse=True):
+        owner_text = ", ".join(owners)
+        if opt.kind is bool:
+            f = click.option(opt.flag, name, is_flag=True, default=None,
+                             help=f"[{owner_text}] {opt.help.split(': ', 1)[-1]}")(f)
+        else:
+            f = click.option(opt.flag, name, type=opt.kind, default=None,
+                             help=f"[{owner_text}] {opt.help.split(': ', 1)[-1]}")(f)
+    return f
+
+
+def pick_scheme_options(schemes: tuple[str, ...], given: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Split the set scheme options per scheme; an option no chosen scheme has is an error."""
+    set_opts = {k: v for k, v in given.items() if v is not None}
+    per_scheme: dict[str, dict[str, Any]] = {}
+    for s in schemes:
+        names = {o.name for o in SCHEMES[s].options}
+        per_scheme[s] = {k: v for k, v in set_opts.items() if k in names}
+    orphans = [k for k in set_opts if not any(k in per_scheme[s] for s in schemes)]
+    if orphans:
+        owners = all_options()
+        k = orphans[0]
+        raise click.UsageError(
+            f"--{k.replace('_', '-')} is an option of {', '.join(owners[k][1])}, "
+            f"not of the chosen scheme{'s' if len(schemes) > 1 else ''} ({', '.join(schemes)})"
+        )
+    for s in schemes:
+        try:
+            per_scheme[s] = scheme_class(s).validate_options(per_scheme[s])
+        except ValueError as e:
+            raise click.UsageError(str(e)) from None
+    return per_scheme
+
+
+def maybe_relaunch(nprocs: int | None, timeout: int | None) -> bool:
+    """Re-run this command under mpiexec when asked for W ranks outside MPI.
+
+    Returns False when this process should go on and run as a rank.
+    """
+    if nprocs is None or under_mpi_launcher():
+        return False
+    code = relaunch(nprocs, _ARGV, timeout=timeout)
+    raise SystemExit(code)
+
+
+def open_comm(nprocs: int | None, check: bool = False):
+    from .comm import Communicator
+
+    comm = Communicator(check=check)
+    if nprocs is not None and comm.size != nprocs:
+        raise click.UsageError(f"-n {nprocs} was given but the MPI job has {comm.size} ranks")
+    return comm
+
+
+def agree_on_config(comm, config: dict[str, Any]) -> None:
+    """Fail on every rank, naming the differences, if ranks disagree on ``config``."""
+    everyone = comm.allgather_obj(config)
+    diffs = []
+    for r, other in enumerate(everyone[1:], start=1):
+        for k in sorted(set(config) | set(other)):
+            if everyone[0].get(k) != other.get(k):
+                diffs.append(f"{k}: rank 0 has {everyone[0].get(k)!r}, rank {r} has {other.get(k)!r}")
+    if diffs:
+        raise ConfigMismatch("ranks disagree on the configuration: " + "; ".join(diffs[:5]))
+
+
+def write_json(path: str | None, obj: Any) -> None:
+    if path is None:
+        return
+    tmp = Path(path).with_suffix(Path(path).suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- commands
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="mpisparse")
+def cli() -> None:
+    """Sparsified gradient communication over MPI: schemes, benchmarks, training.
+
+    Run any command on W ranks with `-n W` (spawns mpiexec) or under your own
+    launcher: `mpiexec -n W mpisparse ...`, `srun mpisparse ...`.
+    """
+
+
+@cli.command()
+@mpi_options
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Also write the report as JSON to this file.")
+def info(nprocs, timeout, json_path) -> None:
+    """MPI library, world size, CUDA-awareness, library versions, GPUs."""
+    maybe_relaunch(nprocs, timeout)
+    from .info import collect_info, format_info
+
+    comm = open_comm(nprocs)
+    report = collect_info(comm)
+    if comm.rank == 0:
+        click.echo(format_info(report))
+        write_json(json_path, report)
+
+
+@cli.group()
+def bench() -> None:
+    """Benchmarks: `step` (whole sparsified steps on model-shaped gradients)."""
+
+
+@bench.command("step")
+@mpi_options
+@click.option("--model", type=click.Choice(model_names()), default="resnet18", show_default=True,
+              help="Gradients shaped like this model's layers.")
+@click.option("--scheme", "schemes", type=click.Choice(sorted(SCHEMES)), multiple=True,
+              default=("dense", "topk"), show_default=True,
+              help="Scheme to run; repeat to compare several in one job.")
+@click.option("--density", type=float, default=0.01, show_default=True, callback=_density,
+              help="Fraction of elements sent, in (0, 1].")
+@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True, help="Timed steps.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed steps first.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic gradients.")
+@click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")
+@click.option("--check-collectives", is_flag=True,
+              help="Debug: verify every collective's counts and dtypes agree across ranks.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the result object (a list with several --scheme) to this file.")
+@scheme_options
+def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no_memory,
+               check_collectives, json_path, **scheme_opts) -> None:
+    """Time sparsified steps of one or more schemes; print the per-phase table."""
+    schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
+    per_scheme = pick_scheme_options(schemes, scheme_opts)
+    world = nprocs if nprocs is not None else None
+    if world is not None:
+        for s in schemes:
+            if world < SCHEMES[s].min_world_size:
+                raise click.UsageError(
+                    f"scheme {s!r} needs at least {SCHEMES[s].min_world_size} ranks; -n is {world}")
+    maybe_relaunch(nprocs, timeout)
+
+    from .bench.step import run_step_bench
+    from .timing import format_table
+
+    comm = open_comm(nprocs, check=check_collectives)
+    agree_on_config(comm, {"model": model, "schemes": list(schemes), "density": density, "iters": iters,
+                           "warmup": warmup, "seed": seed, "memory": not no_memory,
+                           "options": per_scheme})
+    results = []
+    for s in schemes:
+        res = run_step_bench(comm, model=model, scheme=s, density=density, iters=iters, warmup=warmup,
+                             seed=seed, memory=not no_memory, scheme_options=per_scheme[s],
+                             progress=_progress(comm, f"{s}: step"))
+        results.append(res)
+        if comm.rank == 0:
+            click.echo(format_table(
+                f"\n{s} on {model} ({res['n']:,} elements, {res['layers']} layers), "
+                f"W={res['world_size']}, density {density:g}",
+                {**{k: {"mean": res["phases_mean_over_ranks"][k], "max": v} for k, v in res["phases"].items()},
+                 "step": {"mean": res["step_seconds_mean_over_ranks"], "max": res["step_seconds"]}},
+                {"density_actual": f"{res['density_actual']:.6f}",
+                 "bytes/rank/step": f"{res['bytes_sent_per_rank']:,.0f}",
+                 "peak RSS/rank": f"{res['peak_rss_bytes_per_rank'] / 2**20:,.0f} MiB "
+                                  f"({res['peak_rss_bytes_per_rank'] / res['gradient_buffer_bytes']:.1f}x buffer)"},
+            ))
+    if comm.rank == 0:
+        if len(results) > 1:
+            click.echo("\n" + format_comparison(results))
+        write_json(json_path, results[0] if len(results) == 1 else results)
+
+
+def format_comparison(results: list[dict[str, Any]]) -> str:
+    base = results[0]
+    lines = [f"{'scheme':<12}{'step ms':>10}{'speedup':>9}{'bytes/rank':>14}{'density':>10}"]
+    for r in results:
+        lines.append(f"{r['scheme']:<12}{r['step_seconds'] * 1e3:>10.2f}"
+                     f"{base['step_seconds'] / r['step_seconds']:>8.2f}x"
+                     f"{r['bytes_sent_per_rank']:>14,.0f}{r['density_actual']:>10.5f}")
+    lines.append(f"(speedup relative to {base['scheme']}; times are the slowest rank's)")
+    return "\n".join(lines)
+
+
+def _progress(comm, label: str):
+    """A progress callback printing to stderr on rank 0 when it is a terminal."""
+    if comm.rank != 0 or not sys.stderr.isatty():
+        return None
+
+    def report(done: int, total: int) -> None:
+        click.echo(f"\r{label} {done}/{total}", err=True, nl=done == total)
+
+    return report
+
+
+# --------------------------------------------------------------------------- entry point
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the CLI; any failure ends the whole MPI job."""
+    global _ARGV
+    _ARGV = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = cli.main(args=_ARGV, prog_name="mpisparse", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.exceptions.Abort:
+        _fail(130, "mpisparse: aborted")
+    except click.ClickException as e:
+        if env_rank() == 0:
+            e.show()
+        _fail(e.exit_code)
+    except SystemExit as e:
+        code = e.code
+    except BaseException as e:  # noqa: BLE001 - every failure must end all ranks
+        rank = _mpi_rank()
+        msg = f"mpisparse: error on rank {rank}: {type(e).__name__}: {e}"
+        if os.environ.get("MPISPARSE_TRACEBACK"):
+            traceback.print_exc()
+        _fail(1, msg)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _mpi_rank() -> int:
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return mpi.COMM_WORLD.Get_rank()
+    return env_rank()
+
+
+def _fail(code: int, msg: str | None = None) -> None:
+    """Print ``msg`` and exit; abort the whole MPI job if MPI is running."""
+    if msg:
+        click.echo(msg, err=True)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+        mpi.COMM_WORLD.Abort(code)
+    sys.exit(code)

@@ -1,0 +1,338 @@
+"""The communicator layer: the only module of mpisparse that calls mpi4py.
+
+Every scheme exchanges data through a :class:`Communicator`, which
+
+* counts the bytes each rank sends, per call (see *Byte model* below), and
+  times each call, so schemes report ``bytes_sent_per_rank`` and phase
+  times without counting anything themselves;
+* offers Allreduce, Bcast, Allgatherv (counts exchanged first, empty
+  contributions allowed), Alltoallv and point-to-point send/recv;
+* refuses dtypes that MPI cannot reduce correctly (bfloat16 passes through
+  mpi4py as raw bytes: Open MPI silently returns garbage for a sum);
+* synchronises the device stream before any MPI call on a device buffer and
+  decides, once, whether device buffers go to MPI directly (CUDA-aware MPI)
+  or are staged through host buffers that are reused across calls;
+* in debug mode (``check=True``, the CLI's ``--check-collectives``) first
+  compares every collective's counts and dtypes across ranks and raises
+  :class:`CollectiveMismatch` on *every* rank, naming both sides, instead of
+  one rank silently receiving wrong data.
+
+Byte model
+----------
+MPI does not report what went on the wire, so the counts follow the
+bandwidth-optimal algorithm of each collective, per rank: ring Allreduce
+sends ``2 (W-1)/W`` of the buffer; ring Allgather(v) forwards every block
+but the one it receives last, i.e. ``total - counts[(rank+1) % W]``; a
+pipelined chain Bcast sends the buffer from every rank but the chain's last;
+Alltoallv sends what is addressed to other ranks; a point-to-point send
+sends its buffer.  With one rank nothing is sent.  The emulated cluster
+(``bin/``) can check the model against a link's counters.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from . import backend
+
+# dtype kinds that MPI reductions handle correctly (float16 sums included).
+_REDUCIBLE_KINDS = "fiub"
+_COUNT_DTYPE = np.int64
+
+
+class CollectiveMismatch(RuntimeError):
+    """Ranks called the same collective with disagreeing counts or dtypes."""
+
+
+class UnsupportedDtype(TypeError):
+    """A buffer dtype that MPI cannot move or reduce correctly."""
+
+
+@dataclass
+class CallStats:
+    calls: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+def dtype_name(x: Any) -> str:
+    return str(getattr(x, "dtype", type(x).__name__))
+
+
+def check_dtype(x: Any, *, reduce: bool) -> None:
+    """Raise :class:`UnsupportedDtype` for buffers MPI would mishandle."""
+    name = dtype_name(x)
+    if "bfloat16" in name:
+        raise UnsupportedDtype(
+            f"dtype {name} cannot go through MPI: it travels as raw bytes and a "
+            "reduction returns wrong sums; convert to float32 or float16 first"
+        )
+    if reduce and np.dtype(x.dtype).kind not in _REDUCIBLE_KINDS:
+        raise UnsupportedDtype(
+            f"dtype {name} cannot be reduced by MPI; use a float or integer dtype"
+        )
+
+
+def decide_cuda_aware(override: bool | None = None) -> bool:
+    """Whether device buffers may be handed to MPI directly.
+
+    Decided once per communicator: an explicit ``override`` wins, then the
+    environment variable ``MPISPARSE_CUDA_AWARE`` (``0``/``1``), then the MPI
+    library's own answer (``MPIX_Query_cuda_support`` where mpi4py exposes
+    it); otherwise False, and device buffers are staged through host memory.
+    """
+    if override is not None:
+        return bool(override)
+    env = os.environ.get("MPISPARSE_CUDA_AWARE")
+    if env is not None:
+        return env.strip().lower() in ("1", "true", "yes", "on")
+    from mpi4py import MPI
+
+    query = getattr(MPI, "Query_cuda_support", None)
+    try:
+        return bool(query()) if query is not None else False
+    except Exception:  # an MPI without the extension
+        return False
+
+
+class Communicator:
+    """A counted, timed, checked view of an MPI communicator.
+
+    Parameters
+    ----------
+    mpi_comm:
+        An ``mpi4py.MPI.Comm``; ``COMM_WORLD`` when omitted.
+    check:
+        Verify counts and dtypes of every collective across ranks first.
+    cuda_aware:
+        Force (True/False) or leave to :func:`decide_cuda_aware` (None).
+    """
+
+    def __init__(self, mpi_comm=None, *, check: bool = False, cuda_aware: bool | None = None):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+        self.rank: int = self.comm.Get_rank()
+        self.size: int = self.comm.Get_size()
+        self.check = bool(check)
+        self.cuda_aware = decide_cuda_aware(cuda_aware)
+        self.stats: dict[str, CallStats] = {}
+        self._host_buffers: dict[tuple, np.ndarray] = {}
+
+    # ------------------------------------------------------------------ stats
+    @property
+    def bytes_sent(self) -> int:
+        return sum(s.bytes for s in self.stats.values())
+
+    def reset_stats(self) -> None:
+        self.stats.clear()
+
+    def _record(self, op: str, nbytes: int, seconds: float) -> None:
+        s = self.stats.setdefault(op, CallStats())
+        s.calls += 1
+        s.bytes += int(nbytes)
+        s.seconds += seconds
+
+    @contextmanager
+    def _timed(self, op: str, nbytes: int) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self._record(op, nbytes, time.perf_counter() - t0)
+
+    # ----------------------------------------------------------- byte model
+    def ring_allreduce_bytes(self, nbytes: int) -> int:
+        return 2 * (self.size - 1) * nbytes // self.size
+
+    def ring_allgather_bytes(self, block_bytes: Sequence[int]) -> int:
+        if self.size == 1:
+            return 0
+        return int(sum(block_bytes)) - int(block_bytes[(self.rank + 1) % self.size])
+
+    def chain_bcast_bytes(self, nbytes: int, root: int) -> int:
+        return nbytes if (self.rank - root) % self.size < self.size - 1 else 0
+
+    # ------------------------------------------------------ debug agreement
+    def _agree(self, op: str, sig: tuple, describe) -> None:
+        """In check mode, raise on every rank if ranks disagree on ``sig``."""
+        if not self.check:
+            return
+        sigs = self.comm.allgather(sig)
+        for r, other in enumerate(sigs):
+            if other != sigs[0]:
+                raise CollectiveMismatch(
+                    f"{op}: rank 0 passed {describe(sigs[0])} but rank {r} passed "
+                    f"{describe(other)}; every rank must pass the same"
+                )
+
+    # --------------------------------------------------------- device path
+    @contextmanager
+    def _mpi_buffer(self, x: Any, *, read: bool = True, write: bool = False) -> Iterator[Any]:
+        """The buffer to give MPI for ``x``.
+
+        Host arrays pass through.  Device arrays: the stream is synchronised,
+        then the array goes to MPI directly when the MPI is CUDA-aware, or
+        through a reused host buffer (copied in if ``read``, copied back if
+        ``write``).  Device arrays follow CuPy's ``get(out=)``/``set()`` API.
+        """
+        if not backend.is_device_array(x):
+            yield x
+            return
+        backend.synchronize(x)
+        if self.cuda_aware:
+            yield x
+            return
+        key = (tuple(x.shape), np.dtype(x.dtype).str, read, write)
+        host = self._host_buffers.get(key)
+        if host is None:
+            host = self._host_buffers[key] = _pinned_empty(x.shape, x.dtype)
+        if read:
+            x.get(out=host)
+        yield host
+        if write:
+            x.set(host)
+
+    # ------------------------------------------------------------ collectives
+    def allreduce(self, x, out=None, *, op: str = "sum"):
+        """Sum (or ``op``) of ``x`` over ranks, into ``out`` (in place if ``out is x``)."""
+        check_dtype(x, reduce=True)
+        mpi_op = {"sum": self._MPI.SUM, "max": self._MPI.MAX, "min": self._MPI.MIN}[op]
+        self._agree("allreduce", (int(x.size), dtype_name(x), op),
+                    lambda s: f"{s[0]} x {s[1]} ({s[2]})")
+        if out is None:
+            out = np.empty_like(x) if not backend.is_device_array(x) else x.copy()
+        nbytes = int(x.size) * np.dtype(x.dtype).itemsize
+        with self._timed("allreduce", self.ring_allreduce_bytes(nbytes)):
+            if out is x:
+                with self._mpi_buffer(x, write=True) as b:
+                    self.comm.Allreduce(self._MPI.IN_PLACE, b, op=mpi_op)
+            else:
+                with self._mpi_buffer(x) as s, self._mpi_buffer(out, read=False, write=True) as r:
+                    self.comm.Allreduce(s, r, op=mpi_op)
+        return out
+
+    def bcast(self, x, root: int = 0):
+        """Broadcast ``x`` from ``root`` in place; returns ``x``."""
+        check_dtype(x, reduce=False)
+        self._agree("bcast", (int(x.size), dtype_name(x), int(root)),
+                    lambda s: f"{s[0]} x {s[1]} from root {s[2]}")
+        nbytes = int(x.size) * np.dtype(x.dtype).itemsize
+        with self._timed("bcast", self.chain_bcast_bytes(nbytes, root)):
+            with self._mpi_buffer(x, read=self.rank == root, write=self.rank != root) as b:
+                self.comm.Bcast(b, root=root)
+        return x
+
+    def allgather_counts(self, count: int) -> np.ndarray:
+        """Every rank's ``count`` (int64 Allgather), the first step of Allgatherv."""
+        mine = np.array([count], dtype=_COUNT_DTYPE)
+        counts = np.empty(self.size, dtype=_COUNT_DTYPE)
+        with self._timed("allgather_counts", self.ring_allgather_bytes([8] * self.size)):
+            self.comm.Allgather(mine, counts)
+        return counts
+
+    def allgatherv(self, x, counts: np.ndarray | None = None):
+        """Concatenate every rank's 1-D ``x`` (any length, zero included).
+
+        Returns ``(recv, counts)``.  Pass the ``counts`` of an earlier call to
+        gather a second array of the same lengths without exchanging them
+        again (e.g. values after indices).
+        """
+        check_dtype(x, reduce=False)
+        if counts is None:
+            counts = self.allgather_counts(int(x.size))
+        elif int(counts[self.rank]) != int(x.size):
+            raise ValueError(
+                f"allgatherv: this rank passes {x.size} elements but counts[{self.rank}] "
+                f"is {int(counts[self.rank])}"
+            )
+        self._agree("allgatherv", (dtype_name(x), tuple(int(c) for c in counts)),
+                    lambda s: f"dtype {s[0]} with counts {list(s[1])}")
+        itemsize = np.dtype(x.dtype).itemsize
+        displs = np.zeros_like(counts)
+        np.cumsum(counts[:-1], out=displs[1:])
+        recv = np.empty(int(counts.sum()), dtype=x.dtype)
+        with self._timed("allgatherv", self.ring_allgather_bytes(counts * itemsize)):
+            with self._mpi_buffer(x) as s:
+                self.comm.Allgatherv(s, [recv, (counts, displs)])
+        return recv, counts
+
+    def alltoallv(self, x, sendcounts: Sequence[int]):
+        """Send ``x[displs[r]:displs[r]+sendcounts[r]]`` to rank ``r``.
+
+        Returns ``(recv, recvcounts)``; counts are exchanged first.
+        """
+        check_dtype(x, reduce=False)
+        sendcounts = np.asarray(sendcounts, dtype=_COUNT_DTYPE)
+        if sendcounts.shape != (self.size,) or int(sendcounts.sum()) != int(x.size):
+            raise ValueError(
+                f"alltoallv: sendcounts must have {self.size} entries summing to "
+                f"{x.size}, got {sendcounts.tolist()}"
+            )
+        recvcounts = np.empty_like(sendcounts)
+        with self._timed("alltoall_counts", 8 * (self.size - 1)):
+            self.comm.Alltoall(sendcounts, recvcounts)
+        self._agree("alltoallv", (dtype_name(x),), lambda s: f"dtype {s[0]}")
+        sdispl = np.concatenate(([0], np.cumsum(sendcounts)[:-1]))
+        rdispl = np.concatenate(([0], np.cumsum(recvcounts)[:-1]))
+        recv = np.empty(int(recvcounts.sum()), dtype=x.dtype)
+        itemsize = np.dtype(x.dtype).itemsize
+        sent = (int(sendcounts.sum()) - int(sendcounts[self.rank])) * itemsize
+        with self._timed("alltoallv", sent):
+            with self._mpi_buffer(x) as s:
+                self.comm.Alltoallv([s, (sendcounts, sdispl)], [recv, (recvcounts, rdispl)])
+        return recv, recvcounts
+
+    def send(self, x, dest: int, tag: int = 0) -> None:
+        check_dtype(x, reduce=False)
+        with self._timed("send", int(x.size) * np.dtype(x.dtype).itemsize):
+            with self._mpi_buffer(x) as b:
+                self.comm.Send(b, dest=dest, tag=tag)
+
+    def recv(self, x, source: int | None = None, tag: int | None = None) -> tuple[int, int, int]:
+        """Receive into ``x``; returns ``(source, tag, elements received)``."""
+        check_dtype(x, reduce=False)
+        MPI = self._MPI
+        status = MPI.Status()
+        with self._timed("recv", 0):
+            with self._mpi_buffer(x, read=False, write=True) as b:
+                self.comm.Recv(b, source=MPI.ANY_SOURCE if source is None else source,
+                               tag=MPI.ANY_TAG if tag is None else tag, status=status)
+        count = status.Get_count(MPI._typedict[np.dtype(x.dtype).char])
+        return status.Get_source(), status.Get_tag(), count
+
+    # ----------------------------------------------------- control plane
+    # Small Python objects (configuration, statistics).  Not part of any
+    # scheme's pattern, so not counted in the payload bytes.
+    def allgather_obj(self, obj: Any) -> list:
+        return self.comm.allgather(obj)
+
+    def bcast_obj(self, obj: Any, root: int = 0) -> Any:
+        return self.comm.bcast(obj, root=root)
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def split(self, color: int, key: int | None = None) -> "Communicator":
+        sub = self.comm.Split(color, self.rank if key is None else key)
+        return Communicator(sub, check=self.check, cuda_aware=self.cuda_aware)
+
+    def abort(self, code: int = 1) -> None:
+        self.comm.Abort(code)
+
+
+def _pinned_empty(shape, dtype) -> np.ndarray:
+    """A host staging buffer, page-locked when CuPy is available."""
+    try:
+        import cupy
+
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        mem = cupy.cuda.alloc_pinned_memory(nbytes)
+        return np.frombuffer(mem, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
+    except ImportError:
+        return np.empty(shape, dtype=dtype)

@@ -1,0 +1,103 @@
+"""Error feedback: what a rank did not send is remembered and sent later.
+
+A memory has two steps around a scheme's selection:
+
+``acc = memory.compensate(grad)``
+    the error-compensated vector (Alg. 1 line 5 of DEFT, seed 001:
+    ``acc = e + g``);
+``memory.update(acc, sent)``
+    after the exchange, what was sent leaves the memory
+    (Alg. 1 lines 11-12: ``acc[idx] = 0; e = acc``).
+
+Mass is conserved: sent values plus the new residual equal ``acc``.  The
+residual memory works in place (``acc`` *is* the residual buffer), so a
+step allocates nothing.  Scheme-specific variants (ScaleCom's low-pass
+filter, DGC's momentum correction) subclass :class:`Memory`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+MEMORIES: dict[str, type["Memory"]] = {}
+
+
+def register_memory(name: str):
+    def deco(cls):
+        cls.name = name
+        MEMORIES[name] = cls
+        return cls
+
+    return deco
+
+
+class Memory:
+    """Interface of an error-feedback memory."""
+
+    name = "abstract"
+
+    def compensate(self, grad):
+        raise NotImplementedError
+
+    def update(self, acc, sent_indices) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+@register_memory("none")
+class NoMemory(Memory):
+    """No error feedback: unsent values are dropped (``--no-memory``)."""
+
+    def compensate(self, grad):
+        return grad
+
+    def update(self, acc, sent_indices) -> None:
+        return None
+
+
+@register_memory("residual")
+class ResidualMemory(Memory):
+    """Classic error feedback: ``e <- (e + g)`` with the sent entries zeroed."""
+
+    def __init__(self) -> None:
+        self.residual = None
+
+    def compensate(self, grad):
+        if self.residual is None:
+            self.residual = grad.copy()
+        else:
+            self.residual += grad
+        return self.residual
+
+    def update(self, acc, sent_indices) -> None:
+        if acc is not self.residual:
+            self.residual[...] = acc
+        if sent_indices is None:  # everything was sent
+            self.residual.fill(0)
+        else:
+            self.residual[sent_indices] = 0
+
+    def reset(self) -> None:
+        self.residual = None
+
+    def state_dict(self) -> dict[str, Any]:
+        r = self.residual
+        return {"residual": None if r is None else np.array(r, copy=True)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        r = state.get("residual")
+        self.residual = None if r is None else np.array(r, dtype=np.float32, copy=True)
+
+
+def make_memory(enabled: bool) -> Memory:
+    return ResidualMemory() if enabled else NoMemory()

@@ -1,0 +1,1 @@
+"""Model descriptions used by the benchmarks."""

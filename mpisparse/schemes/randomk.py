@@ -1,0 +1,39 @@
+"""``randomk``: the same ``k`` random indices on every rank, values Allreduced.
+
+Every rank seeds its generator with ``(seed, iteration)``, so all ranks draw
+the same index set without exchanging it; only the ``k`` values travel
+(Allreduce).  Density is exactly ``k / n``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from .base import Scheme, register
+
+
+@register("randomk")
+class RandomK(Scheme):
+
+    def indices(self, iteration: int) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, iteration])
+        return backend.randomk(self.n, self.k, rng)
+
+    def _step(self, grad):
+        with self.phase("compensate"):
+            acc = self.memory.compensate(grad)
+        with self.phase("select"):
+            idx = self.indices(self.iteration)
+            vals = acc[idx]
+        with self.phase("exchange_values"):
+            self.comm.allreduce(vals, vals)
+        with self.phase("update"):
+            self.memory.update(acc, idx)
+            out = self.output()
+            out.fill(0)
+            out[idx] = vals * np.float32(1.0 / self.comm.size)
+        return out
+
+    def selected_global(self) -> int:
+        return self.k

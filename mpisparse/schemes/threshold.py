@@ -1,0 +1,48 @@
+"""``threshold``: hard threshold, send every entry with ``|e + g| >= tau``.
+
+``--threshold T`` fixes tau.  Without it tau is calibrated once, at the
+first step, as the ``k``-th largest ``|e + g|`` of this rank (``k = d n``;
+``k = n`` gives tau = 0, so density 1 sends everything), then held fixed:
+the achieved density drifts with the gradients and is reported as measured.
+Counts vary per rank and per step, so the exchange is Allgatherv.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import backend
+from .base import SchemeOption, SparseGatherScheme, register
+
+
+@register("threshold")
+class Threshold(SparseGatherScheme):
+    options = (
+        SchemeOption("threshold", float, None,
+                     "threshold: fixed magnitude threshold tau (default: calibrated at step 1 from --density)",
+                     low=0.0),
+    )
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.tau = self.opts["threshold"]
+        self._scratch = None
+
+    def select(self, acc) -> np.ndarray:
+        if self._scratch is None:
+            self._scratch = np.empty_like(acc)
+        if self.tau is None:
+            self.tau = self.calibrate(acc)
+        return backend.threshold_select(acc, self.tau, scratch=self._scratch)
+
+    def calibrate(self, acc) -> float:
+        if self.k >= self.n:
+            return 0.0
+        idx = backend.topk_abs(acc, self.k, scratch=self._scratch)
+        return float(np.abs(acc[idx]).min())
+
+    def _extra_state(self):
+        return {"tau": self.tau}
+
+    def _load_extra_state(self, extra):
+        self.tau = extra.get("tau", self.tau)

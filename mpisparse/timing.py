@@ -1,0 +1,120 @@
+"""Named phase timers, their reduction over ranks, and the printed table.
+
+A step is timed as a whole and split into phases from the fixed vocabulary
+:data:`PHASES` (DESIGN.md section 2), so every scheme's breakdown reads the
+same.  The timer keeps one record per timed step; the reduction gives, per
+phase, the mean over ranks and the max over ranks of each rank's mean
+seconds per step.  The step time reported is the slowest rank's, because
+the step waits for it.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager, nullcontext
+from typing import Callable, Iterator
+
+PHASES: tuple[str, ...] = (
+    "forward", "backward", "compensate", "select", "exchange_indices",
+    "exchange_values", "update", "push", "pull", "server_apply",
+    "send_activations", "send_gradients", "wait",
+)
+_NULL = nullcontext()
+
+
+class PhaseTimer:
+    """Accumulates seconds per phase for each timed step.
+
+    ``enabled=False`` makes every context a no-op.  ``recording=False``
+    (warm-up steps) times nothing and keeps nothing.  ``sync`` is called at
+    each boundary when set: on a GPU it synchronises the device so a phase's
+    time covers its kernels, not only their launch.
+    """
+
+    def __init__(self, enabled: bool = True, sync: Callable[[], None] | None = None):
+        self.enabled = enabled
+        self.recording = True
+        self.sync = sync
+        self.records: list[dict[str, float]] = []
+        self._current: dict[str, float] | None = None
+
+    def _now(self) -> float:
+        if self.sync is not None:
+            self.sync()
+        return time.perf_counter()
+
+    def phase(self, name: str):
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}; phases are: {', '.join(PHASES)}")
+        if not (self.enabled and self.recording) or self._current is None:
+            return _NULL
+        return self._phase(name)
+
+    @contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        t0 = self._now()
+        try:
+            yield
+        finally:
+            cur = self._current
+            if cur is not None:
+                cur[name] = cur.get(name, 0.0) + self._now() - t0
+
+    @contextmanager
+    def step(self) -> Iterator[dict[str, float]]:
+        """Time one whole step; phases timed inside it belong to it."""
+        if not (self.enabled and self.recording):
+            yield {}
+            return
+        record: dict[str, float] = {}
+        self._current = record
+        t0 = self._now()
+        try:
+            yield record
+        finally:
+            record["step"] = self._now() - t0
+            self._current = None
+            self.records.append(record)
+
+    def means(self) -> dict[str, float]:
+        """Mean seconds per timed step of each phase seen, and of ``step``."""
+        n = len(self.records)
+        if n == 0:
+            return {}
+        keys: list[str] = [p for p in PHASES if any(p in r for r in self.records)]
+        out = {k: sum(r.get(k, 0.0) for r in self.records) / n for k in keys}
+        out["step"] = sum(r["step"] for r in self.records) / n
+        return out
+
+
+def reduce_over_ranks(comm, local: dict[str, float]) -> dict[str, dict[str, float]]:
+    """``{name: {"mean": .., "max": ..}}`` over ranks of each rank's value.
+
+    A name some rank lacks counts as 0 there (that rank had no such phase).
+    """
+    everyone = comm.allgather_obj(local)
+    names = [k for k in list(PHASES) + ["step"] if any(k in d for d in everyone)]
+    names += sorted({k for d in everyone for k in d} - set(names))
+    return {
+        k: {
+            "mean": sum(d.get(k, 0.0) for d in everyone) / len(everyone),
+            "max": max(d.get(k, 0.0) for d in everyone),
+        }
+        for k in names
+    }
+
+
+def format_table(title: str, reduced: dict[str, dict[str, float]], extra: dict[str, str] | None = None) -> str:
+    """The per-phase table rank 0 prints: ms per step, mean and max over ranks."""
+    step_max = reduced.get("step", {}).get("max", 0.0) or 1.0
+    lines = [title, f"{'phase':<18}{'mean ms':>12}{'max ms':>12}{'% of step':>11}"]
+    for name, v in reduced.items():
+        if name == "step":
+            continue
+        lines.append(f"{name:<18}{v['mean'] * 1e3:>12.3f}{v['max'] * 1e3:>12.3f}{100 * v['max'] / step_max:>10.1f}%")
+    if "step" in reduced:
+        s = reduced["step"]
+        lines.append(f"{'step':<18}{s['mean'] * 1e3:>12.3f}{s['max'] * 1e3:>12.3f}{100.0:>10.1f}%")
+    for k, v in (extra or {}).items():
+        lines.append(f"{k:<18}{v}")
+    return "\n".join(lines)

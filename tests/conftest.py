@@ -1,0 +1,47 @@
+"""Shared test helpers: bounded MPI launches.
+
+Every MPI test runs its own ``mpiexec`` job with ``MPIEXEC_TIMEOUT`` set and
+a subprocess timeout on top, so one failing or hung rank ends that job and
+can never hang the suite (DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpisparse.launch import build_mpiexec_command, find_mpiexec, mpi_flavor
+
+HERE = Path(__file__).parent
+MPI_TIMEOUT = int(os.environ.get("MPISPARSE_TEST_MPI_TIMEOUT", "120"))
+
+
+def mpi_run(n: int, args: list[str], *, module: bool = False, timeout: int = MPI_TIMEOUT,
+            env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python SCRIPT args`` (or ``python -m mpisparse args``) on ``n`` ranks, bounded in time."""
+    plan = build_mpiexec_command(n, [], mpiexec=find_mpiexec(), flavor=mpi_flavor(),
+                                 as_root=os.geteuid() == 0, timeout=timeout)
+    argv = plan.argv[: plan.argv.index(sys.executable)]
+    # scripts run under ``python -m mpi4py`` so an exception on one rank aborts the job
+    argv += [sys.executable, "-m", "mpisparse", *args] if module else [sys.executable, "-m", "mpi4py", *args]
+    full_env = dict(os.environ, **plan.env, OMP_NUM_THREADS="1", **(env or {}))
+    full_env.pop("PMI_RANK", None)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
+                          cwd=HERE.parent)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"MPI job failed ({proc.returncode}): {' '.join(argv)}\n"
+                             f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def mpi_script(name: str) -> str:
+    return str(HERE / "mpi" / name)
+
+
+@pytest.fixture
+def mpirun():
+    return mpi_run
