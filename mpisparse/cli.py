@@ -178,11 +178,13 @@ def bench() -> None:
 @click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")
 @click.option("--check-collectives", is_flag=True,
               help="Debug: verify every collective's counts and dtypes agree across ranks.")
+@click.option("--diagnostics", is_flag=True,
+              help="Per-step diagnostics into the JSON (error norm, scheme-specific; extra communication).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the result object (a list with several --scheme) to this file.")
 @scheme_options
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no_memory,
-               check_collectives, json_path, **scheme_opts) -> None:
+               check_collectives, diagnostics, json_path, **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
     per_scheme = pick_scheme_options(schemes, scheme_opts)
@@ -205,7 +207,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
     for s in schemes:
         res = run_step_bench(comm, model=model, scheme=s, density=density, iters=iters, warmup=warmup,
                              seed=seed, memory=not no_memory, scheme_options=per_scheme[s],
-                             progress=_progress(comm, f"{s}: step"))
+                             diagnostics=diagnostics, progress=_progress(comm, f"{s}: step"))
         results.append(res)
         if comm.rank == 0:
             click.echo(format_table(

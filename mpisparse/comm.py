@@ -25,7 +25,8 @@ sends ``2 (W-1)/W`` of the buffer; ring Allgather(v) forwards every block
 but the one it receives last, i.e. ``total - counts[(rank+1) % W]``; a
 pipelined chain Bcast sends the buffer from every rank but the chain's last;
 Alltoallv sends what is addressed to other ranks; a point-to-point send
-sends its buffer.  With one rank nothing is sent.  The emulated cluster
+(or the send half of a sendrecv) sends its buffer; exchanging counts costs
+8 bytes per count sent.  With one rank nothing is sent.  The emulated cluster
 (``bin/``) can check the model against a link's counters.
 """
 
@@ -305,6 +306,25 @@ class Communicator:
                                tag=MPI.ANY_TAG if tag is None else tag, status=status)
         count = status.Get_count(MPI._typedict[np.dtype(x.dtype).char])
         return status.Get_source(), status.Get_tag(), count
+
+    def sendrecv(self, x, peer: int, *, tag: int = 0):
+        """Exchange 1-D arrays of any lengths with ``peer`` (counts first).
+
+        Both sides call it with each other as ``peer``; returns the peer's
+        array.  Used by pairwise patterns (recursive doubling).
+        """
+        check_dtype(x, reduce=False)
+        MPI = self._MPI
+        mine = np.array([x.size], dtype=_COUNT_DTYPE)
+        theirs = np.empty(1, dtype=_COUNT_DTYPE)
+        with self._timed("sendrecv_counts", 8):
+            self.comm.Sendrecv(mine, dest=peer, sendtag=tag, recvbuf=theirs, source=peer, recvtag=tag)
+        recv = np.empty(int(theirs[0]), dtype=x.dtype)
+        with self._timed("sendrecv", int(x.size) * np.dtype(x.dtype).itemsize):
+            with self._mpi_buffer(x) as s:
+                self.comm.Sendrecv(s, dest=peer, sendtag=tag + 1, recvbuf=recv, source=peer,
+                                   recvtag=tag + 1)
+        return recv
 
     # ----------------------------------------------------- control plane
     # Small Python objects (configuration, statistics).  Not part of any

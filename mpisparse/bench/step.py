@@ -29,7 +29,7 @@ def peak_rss_bytes() -> int:
 
 def run_step_bench(comm, *, model: str, scheme: str, density: float, iters: int, warmup: int,
                    seed: int = 0, memory: bool = True, scheme_options: dict[str, Any] | None = None,
-                   progress=None) -> dict[str, Any]:
+                   diagnostics: bool = False, progress=None) -> dict[str, Any]:
     scheme_options = dict(scheme_options or {})
     layout = FusionLayout(layer_shapes(model))
     timer = PhaseTimer()
@@ -38,6 +38,7 @@ def run_step_bench(comm, *, model: str, scheme: str, density: float, iters: int,
     grad = layout.empty()
     step_bytes: list[int] = []
     selected: list[int] = []
+    diags: list[dict[str, float]] = []
     for it in range(warmup + iters):
         timer.recording = it >= warmup
         gen.fill(grad, it)
@@ -48,6 +49,8 @@ def run_step_bench(comm, *, model: str, scheme: str, density: float, iters: int,
         if timer.recording:
             step_bytes.append(comm.bytes_sent - before)
             selected.append(sch.selected_global())
+            if diagnostics:
+                diags.append(sch.diagnostics())
         if progress is not None:
             progress(it + 1, warmup + iters)
 
@@ -58,7 +61,7 @@ def run_step_bench(comm, *, model: str, scheme: str, density: float, iters: int,
         "selected": float(np.mean(selected)),
     })
     step = phases.pop("step")
-    return {
+    result = {
         "scheme": scheme,
         "world_size": comm.size,
         "density_target": float(density),
@@ -74,5 +77,14 @@ def run_step_bench(comm, *, model: str, scheme: str, density: float, iters: int,
         "gradient_buffer_bytes": layout.n * 4,
         "peak_rss_bytes_per_rank": max(p["peak_rss"] for p in per_rank),
         "config": {"model": model, "scheme": scheme, "density": float(density), "iters": iters,
-                   "warmup": warmup, "seed": seed, "memory": memory, **sch.opts},
+                   "warmup": warmup, "seed": seed, "memory": memory, "diagnostics": diagnostics,
+                   **sch.opts},
     }
+    if diagnostics:
+        keys = sorted({k for d in diags for k in d})
+        result["diagnostics"] = {
+            "density_per_step": [s / layout.n for s in selected],
+            "mean": {k: float(np.mean([d[k] for d in diags if k in d])) for k in keys},
+            "per_step": diags,
+        }
+    return result

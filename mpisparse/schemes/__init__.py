@@ -1,10 +1,18 @@
 """The scheme registry: importing this package registers every scheme.
 
-``SCHEMES`` maps a ``--scheme`` name to its class; one module per scheme.
+``SCHEMES`` maps a ``--scheme`` name to its class.  Each scheme is one module
+of this package and registers itself with :func:`register` when imported;
+every module here is imported below, so adding a scheme is adding a file.
 """
 
+import importlib
+import pkgutil
+
 from .base import SCHEMES, Scheme, SchemeOption, k_for, register, scheme_class, validate_density
-from . import dense, randomk, threshold, topk  # noqa: F401  (register on import)
+
+for _m in pkgutil.iter_modules(__path__):
+    if _m.name != "base" and not _m.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_m.name}")
 
 __all__ = ["SCHEMES", "Scheme", "SchemeOption", "k_for", "register", "scheme_class",
            "validate_density", "create", "all_options"]

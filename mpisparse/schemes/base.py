@@ -168,6 +168,19 @@ class Scheme:
         """Distinct indices selected over all ranks in the last step."""
         raise NotImplementedError
 
+    def diagnostics(self) -> dict[str, float]:
+        """Extra measurements of the last step (``--diagnostics``).
+
+        Called on every rank after :meth:`step`, outside the timed step; it
+        may communicate (so it is off by default).  The base reports the
+        error norm of DEFT eq. 2, ``||e_t|| = (1/W) sum_i ||e_i,t||``;
+        schemes add their own keys.
+        """
+        resid = getattr(self.memory, "residual", None)
+        local = 0.0 if resid is None else float(np.linalg.norm(resid))
+        total = self.comm.allreduce(np.array([local]))
+        return {"error_norm": float(total[0]) / self.comm.size}
+
     # -------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """Checkpointable state; the communicator is left out."""
