@@ -159,7 +159,7 @@ def info(nprocs, timeout, json_path) -> None:
 
 @cli.group()
 def bench() -> None:
-    """Benchmarks: `step` (whole sparsified steps on model-shaped gradients)."""
+    """Benchmarks: `step` (sparsified steps on model-shaped gradients), `select` (kernels)."""
 
 
 @bench.command("step")
@@ -226,6 +226,34 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
         write_json(json_path, results[0] if len(results) == 1 else results)
 
 
+@bench.command("select")
+@click.option("--size", type=click.IntRange(min=1), default=25_000_000, show_default=True,
+              help="Elements in the float32 vector.")
+@click.option("--density", type=float, default=0.001, show_default=True, callback=_density,
+              help="Fraction selected, in (0, 1].")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed calls of each kernel (best and median reported).")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="torch intra-op threads (NumPy kernels are single-threaded).")
+@click.option("--distribution", type=click.Choice(["normal", "student-t"]), default="normal",
+              show_default=True, help="Distribution of the vector's values.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the result object to this file.")
+def bench_select(size, density, repeats, threads, distribution, seed, json_path) -> None:
+    """Time the selection kernels against torch.topk and one pass over the data (one process)."""
+    from .bench.select import format_select_bench, run_select_bench
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise click.UsageError("bench select compares with torch.topk: install torch (pip install '.[torch]')")
+    res = run_select_bench(n=size, density=density, repeats=repeats, seed=seed, threads=threads,
+                           distribution=distribution)
+    click.echo(format_select_bench(res))
+    write_json(json_path, res)
+
+
 def format_comparison(results: list[dict[str, Any]]) -> str:
     base = results[0]
     lines = [f"{'scheme':<12}{'step ms':>10}{'speedup':>9}{'bytes/rank':>14}{'density':>10}"]
@@ -260,7 +288,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         _fail(130, "mpisparse: aborted")
     except click.ClickException as e:
-        if env_rank() == 0:
+        # Before MPI starts every rank parses the same options: rank 0 speaks.
+        # Once MPI runs, the rank that raises speaks, then ends the job.
+        if env_rank() == 0 or _mpi_running():
             e.show()
         _fail(e.exit_code)
     except SystemExit as e:
@@ -274,11 +304,13 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code if isinstance(code, int) else 0)
 
 
-def _mpi_rank() -> int:
+def _mpi_running() -> bool:
     mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        return mpi.COMM_WORLD.Get_rank()
-    return env_rank()
+    return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+
+
+def _mpi_rank() -> int:
+    return sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank() if _mpi_running() else env_rank()
 
 
 def _fail(code: int, msg: str | None = None) -> None:
@@ -287,7 +319,6 @@ def _fail(code: int, msg: str | None = None) -> None:
         click.echo(msg, err=True)
     sys.stderr.flush()
     sys.stdout.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
-        mpi.COMM_WORLD.Abort(code)
+    if _mpi_running() and sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() > 1:
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
     sys.exit(code)

@@ -112,6 +112,9 @@ class Scheme:
     min_world_size: ClassVar[int] = 1
     #: whether error feedback applies (False for dense)
     uses_memory: ClassVar[bool] = True
+    #: the scheme applies momentum itself (DGC's momentum correction): the
+    #: optimizer then runs without momentum
+    provides_momentum: ClassVar[bool] = False
 
     def __init__(self, comm, layout: FusionLayout, density: float, *, memory: bool = True,
                  timer: PhaseTimer | None = None, seed: int = 0, **options: Any):

@@ -1,7 +1,7 @@
 """Benchmark of the CPU selection kernels against torch.topk and NumPy baselines.
 
 :func:`run_select_bench` returns a dict and prints nothing; the CLI (or
-``python -m mpisparse.bench_select``) formats it.  torch is imported inside
+``python -m mpisparse.bench.select``) formats it.  torch is imported inside
 the function, so importing this module does not need torch.
 
 Set ``OMP_NUM_THREADS`` before starting Python for a clean single-thread
