@@ -1,0 +1,334 @@
+"""``deft``: distributed execution of fragmented top-k (DEFT, seed 001).
+
+Source: D. Yoon and S. Oh, "DEFT: Exploiting Gradient Norm Difference between
+Model Layers for Scalable Gradient Sparsification", ICPP 2023
+(``/work/shared/seeds/001_3c7cf191a93141c0.txt``).  The partitioning math is
+in :mod:`mpisparse.partition` (pure functions, one per pseudocode box); this
+module wires it into Alg. 1 and adds the fast selection of Alg. 5.
+
+Once, at construction
+    Alg. 2 (two-stage partitioning): the fusion layout's tensors
+    (``layout.layers``) are split into "layers"; a tensor larger than
+    ``n / W`` becomes ``W`` pieces.  Depends only on the layout and ``W``.
+
+Every step, on every rank (Alg. 1 with ``Sparsify`` = Alg. 3-5)
+    1. Alg. 1 l.5: ``acc = e + g`` (phase ``compensate``).
+    2. Alg. 3: the L2 norm of every layer of ``acc``, then the layer's local
+       k from the norms, ``k_total = k = round(density * n)``
+       (phase ``select``).
+    3. Alg. 4 l.1-15: the leader ``t mod W`` packs the layers into ``W``
+       bins by cost ``n_x ln k_x`` (highest cost to the least-loaded bin),
+       from its own norms and k (phase ``select``, leader only).
+    4. Alg. 4 l.16: the leader broadcasts the bins, int32, one entry per
+       layer (its bin), ``4 L`` bytes (phase ``exchange_indices``).
+    5. Alg. 4 l.17 and Alg. 5: rank ``r`` takes bin ``(t + r) mod W`` and
+       runs top-k only in those layers, with its OWN local k per layer
+       (phase ``select``).
+    6. Alg. 1 l.7: Allgatherv of the index sets (counts first; sets of
+       different ranks are disjoint, so the union is their concatenation)
+       (phase ``exchange_indices``).
+    7. Alg. 1 l.8-9: every rank takes ``acc[union]`` and the values are
+       summed with Allreduce (phase ``exchange_values``).
+    8. Alg. 1 l.10-12: ``out = sum / W`` at the union; ``acc[union] = 0``
+       becomes the new residual (phase ``update``).  The GATHERED set is
+       zeroed (Alg. 1 l.11 zeroes ``idx_t``, the AllGather's result), unlike
+       ``topk``, which zeroes only its own selection: an entry one rank sent
+       leaves every rank's memory.
+
+Decisions where the paper is open
+---------------------------------
+* **Whose norms.**  The leader packs the bins from its own norms and the k it
+  derives from them (Sec. 4.3: "the delegated worker computes computational
+  cost c_x"); only the bins are broadcast.  Each rank then selects with the
+  local k it computes from ITS OWN norms for the layers of its bin (Sec. 4.3:
+  "the local k of each layer differs slightly between workers ... the total
+  number of selected gradients is approximately k").  So the selected total
+  is ``sum_r sum_{x in bin_r} k_x^(r)``, close to but not exactly ``k``.
+  Correctness never depends on the ranks agreeing on k: Allgatherv exchanges
+  each rank's count, and the union is whatever was gathered.
+* **Norms of what.**  Alg. 1 l.6 applies ``Sparsify`` to ``acc``, so the
+  norms are those of the error-compensated vector (``e + g``), computed per
+  layer as ``sqrt(x . x)`` in the vector's dtype (float64 when that
+  overflows).
+* **k_total** is the framework's ``k = round(density * n)`` (at least 1),
+  an integer, so with no cap or floor biting ``sum(k_x) == k``.
+* **Density 1.**  Alg. 3 as printed does not always give every layer its
+  full size when ``k_total = n`` (a capped layer's excess only flows to
+  later, lower-norm layers).  When ``k_total >= n`` every layer gets
+  ``k_x = n_x`` instead, so DEFT at density 1 equals dense, as any sparsifier
+  that sends everything must.
+* **Timing.**  The bins' Bcast is timed as ``exchange_indices`` (it is
+  communication, and a non-leader's wait for the leader's packing lands
+  there, as waits for the slowest rank do in every scheme).  ``select`` is
+  the rank's own compute: norms, Alg. 3, the leader's Alg. 4 and Alg. 5.
+  Its per-rank seconds of the last step are kept in
+  :attr:`Deft.last_select_seconds` (Alg. 5 alone in
+  :attr:`Deft.last_topk_seconds`) whether or not a timer is enabled.
+* **State.**  Besides ``iteration`` (the leader cycle) and the memory, DEFT
+  keeps nothing: the partition is recomputed from the layout and ``W``.
+
+:func:`simulate_selection_times` runs every rank's Alg. 5 share one after
+another in one process (the per-rank selection time of Fig. 9 for world
+sizes larger than the ranks at hand).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from .. import backend
+from ..partition import (
+    Layer,
+    assign_local_k,
+    bin_pack,
+    decode_bins,
+    encode_bins,
+    leader,
+    my_part,
+    predicted_speedup,
+    selection_cost,
+    two_stage_partition,
+)
+from .base import Scheme, k_for, register, validate_density
+
+__all__ = ["Deft", "deft_layers", "layer_norms", "local_k", "select_layers",
+           "simulate_selection_times"]
+
+
+# --------------------------------------------------------------------------
+# pure functions (no MPI)
+# --------------------------------------------------------------------------
+
+
+def deft_layers(layout, world_size: int) -> list[Layer]:
+    """Alg. 2 on a fusion layout: its tensors split for ``world_size`` workers."""
+    return two_stage_partition([s.size for s in layout.layers], world_size)
+
+
+def layer_norms(vec, layers: Sequence[Layer]) -> np.ndarray:
+    """L2 norm of ``vec`` over every layer (input of Alg. 3), as float64.
+
+    ``sqrt(x . x)`` in ``vec``'s dtype; a layer whose sum of squares is not
+    finite in that dtype (float32 overflow) is recomputed in float64.
+    """
+    xp = backend.array_module(vec)
+    out = np.zeros(len(layers), dtype=np.float64)
+    for i, layer in enumerate(layers):
+        if layer.size == 0:
+            continue
+        v = vec[layer.start:layer.end]
+        sq = float(xp.dot(v, v))
+        if not math.isfinite(sq):
+            v64 = v.astype(xp.float64)
+            sq = float(xp.dot(v64, v64))
+        out[i] = math.sqrt(sq)
+    return out
+
+
+def local_k(sizes: Sequence[int], norms: Sequence[float], k_total: int) -> np.ndarray:
+    """Alg. 3 (:func:`mpisparse.partition.assign_local_k`), with density 1 exact.
+
+    When ``k_total`` reaches the number of gradients every layer keeps all of
+    its entries (``k_x = n_x``); otherwise this is Alg. 3 unchanged.
+    """
+    sizes = [int(s) for s in sizes]
+    if k_total >= sum(sizes):
+        return np.asarray(sizes, dtype=np.int64)
+    return assign_local_k(sizes, norms, k_total)  # Alg. 3 l.1-15
+
+
+def select_layers(vec, layers: Sequence[Layer], ks: Sequence[int], part: Sequence[int],
+                  scratch=None):
+    """Alg. 5: top-``ks[x]`` by magnitude in each layer ``x`` of ``part``.
+
+    The fast counterpart of :func:`mpisparse.partition.layerwise_topk`
+    (``backend.topk_abs``, indices in any order within a layer).  Returns the
+    flat indices of ``vec`` (``backend.index_dtype(vec.size)``), layer by
+    layer in the order of ``part``.  ``scratch`` (optional) is a buffer like
+    ``vec`` the kernel may overwrite.
+    """
+    xp = backend.array_module(vec)
+    dtype = backend.index_dtype(vec.size)
+    pieces = []  # Alg. 5 l.2
+    for x in part:  # Alg. 5 l.3
+        layer, k = layers[x], int(ks[x])
+        if k == 0:
+            continue
+        sl = slice(layer.start, layer.end)
+        idx = backend.topk_abs(vec[sl], k, scratch=None if scratch is None else scratch[sl])  # l.4
+        idx = idx.astype(dtype, copy=False) + dtype(layer.start)  # Alg. 5 l.5
+        pieces.append(idx)  # Alg. 5 l.6
+    if not pieces:
+        return xp.zeros(0, dtype=dtype)
+    return xp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def simulate_selection_times(layout, grad, density: float, world_size: int,
+                             repeats: int = 3) -> dict[str, Any]:
+    """Every rank's Alg. 5 share of ``grad``, run one after another, timed.
+
+    For ``W = world_size`` workers: Alg. 2 on ``layout``, Alg. 3 from
+    ``grad``'s layer norms (all ranks share this one gradient here), Alg. 4 by
+    the leader of iteration 0 (so rank ``r`` takes bin ``r``), then each
+    rank's layer-wise top-k, timed ``repeats`` times (best kept).  Returns a
+    dict with ``per_rank_seconds`` (list of W), ``max_seconds`` (eq. 5's
+    measured counterpart), ``mean_seconds``, ``imbalance`` (max / mean),
+    ``norms_seconds`` and ``alloc_seconds`` (Alg. 3 + Alg. 4; work every rank
+    or the leader does on top of Alg. 5), ``per_rank_cost`` (eq. 4),
+    ``predicted_speedup`` (eq. 6 against a whole-vector top-k of ``k``),
+    ``layers`` (count after Alg. 2), ``k`` and ``selected`` (sum of local k).
+    """
+    density = validate_density(density)
+    if isinstance(world_size, bool) or int(world_size) != world_size or world_size < 1:
+        raise ValueError(f"world_size is {world_size!r}; it must be an integer of at least 1.")
+    if isinstance(repeats, bool) or int(repeats) != repeats or repeats < 1:
+        raise ValueError(f"repeats is {repeats!r}; it must be an integer of at least 1.")
+    world_size, repeats = int(world_size), int(repeats)
+    n = layout.n
+    if tuple(grad.shape) != (n,):
+        raise ValueError(f"grad has shape {tuple(grad.shape)}; the layout needs ({n},).")
+    k = k_for(density, n)
+    layers = deft_layers(layout, world_size)  # Alg. 2
+    sizes = [layer.size for layer in layers]
+
+    t0 = time.perf_counter()
+    norms = layer_norms(grad, layers)
+    t1 = time.perf_counter()
+    ks = local_k(sizes, norms, k)  # Alg. 3
+    bins = bin_pack(sizes, ks, world_size)  # Alg. 4 l.4-15
+    t2 = time.perf_counter()
+
+    scratch = backend.array_module(grad).empty_like(grad)
+    per_rank = []
+    for rank in range(world_size):
+        part = bins[my_part(rank, 0, world_size)]  # Alg. 4 l.17
+        best = math.inf
+        for _ in range(repeats):
+            s = time.perf_counter()
+            idx = select_layers(grad, layers, ks, part, scratch)  # Alg. 5
+            backend.synchronize(idx)
+            best = min(best, time.perf_counter() - s)
+        per_rank.append(best)
+    mx, mean = max(per_rank), sum(per_rank) / world_size
+    try:
+        pred = predicted_speedup(n, k, sizes, ks, bins)  # eq. 6
+    except ValueError:  # 0/0: k = 1 everywhere
+        pred = float("nan")
+    return {
+        "world_size": world_size,
+        "n": n,
+        "k": k,
+        "density": density,
+        "layers": len(layers),
+        "selected": int(ks.sum()),
+        "per_rank_seconds": per_rank,
+        "per_rank_layers": [len(b) for b in bins],
+        "per_rank_cost": selection_cost(sizes, ks, bins).tolist(),  # eq. 4
+        "max_seconds": mx,
+        "mean_seconds": mean,
+        "imbalance": mx / mean if mean > 0 else 1.0,
+        "norms_seconds": t1 - t0,
+        "alloc_seconds": t2 - t1,
+        "predicted_speedup": pred,
+        "repeats": repeats,
+    }
+
+
+# --------------------------------------------------------------------------
+# the scheme
+# --------------------------------------------------------------------------
+
+
+@register("deft")
+class Deft(Scheme):
+    """DEFT (Alg. 1-5 of seed 001); see the module docstring."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        W = self.comm.size
+        self.layers: list[Layer] = deft_layers(self.layout, W)  # Alg. 2, once
+        self.layer_sizes = [layer.size for layer in self.layers]
+        self._bins = np.zeros(len(self.layers), dtype=np.int32)  # Alg. 4 l.16 payload
+        self._scratch = None
+        #: this rank's select-phase seconds of the last step (own compute)
+        self.last_select_seconds = 0.0
+        #: this rank's Alg. 5 seconds of the last step
+        self.last_topk_seconds = 0.0
+        #: leader of the last step and the bins it broadcast (encoded)
+        self.last_leader: int | None = None
+        self.last_bins: np.ndarray | None = None
+        #: this rank's local k (Alg. 3, own norms) and own selection, last step
+        self.last_ks: np.ndarray | None = None
+        self.last_own_indices = None
+        self._last_indices = None
+
+    def _step(self, grad):
+        W, rank, t = self.comm.size, self.comm.rank, self.iteration
+        with self.phase("compensate"):
+            acc = self.memory.compensate(grad)  # Alg. 1 l.5
+        if self._scratch is None:
+            self._scratch = backend.array_module(acc).empty_like(acc)
+
+        with self.phase("select"):
+            s0 = time.perf_counter()
+            norms = layer_norms(acc, self.layers)
+            ks = local_k(self.layer_sizes, norms, self.k)  # Alg. 3, own norms
+            cycle = leader(t, W)  # Alg. 4 l.1
+            if rank == cycle:  # Alg. 4 l.3
+                self._bins[...] = encode_bins(bin_pack(self.layer_sizes, ks, W), len(self.layers))  # l.4-15
+            s1 = time.perf_counter()
+
+        with self.phase("exchange_indices"):
+            self.comm.bcast(self._bins, root=cycle)  # Alg. 4 l.16
+
+        with self.phase("select"):
+            s2 = time.perf_counter()
+            part = decode_bins(self._bins, W)[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
+            idx = select_layers(acc, self.layers, ks, part, self._scratch)  # Alg. 1 l.6 = Alg. 5
+            backend.synchronize(idx)
+            s3 = time.perf_counter()
+
+        with self.phase("exchange_indices"):
+            all_idx, _ = self.comm.allgatherv(idx)  # Alg. 1 l.7
+
+        with self.phase("exchange_values"):
+            vals = acc[all_idx]  # Alg. 1 l.8
+            self.comm.allreduce(vals, vals)  # Alg. 1 l.9
+
+        with self.phase("update"):
+            out = self.output()
+            out.fill(0)
+            out[all_idx] = vals * np.float32(1.0 / W)  # Alg. 1 l.10: (1/n) g_t
+            self.memory.update(acc, all_idx)  # Alg. 1 l.11-12: acc[idx_t] = 0; e = acc
+
+        self.last_select_seconds = (s1 - s0) + (s3 - s2)
+        self.last_topk_seconds = s3 - s2
+        self.last_leader = cycle
+        self.last_bins = self._bins.copy()
+        self.last_ks = ks
+        self.last_own_indices = idx
+        self._last_indices = all_idx
+        return out
+
+    def selected_global(self) -> int:
+        if self._last_indices is None:
+            return 0
+        return int(np.unique(self._last_indices).size)
+
+    def diagnostics(self) -> dict[str, float]:
+        """Base error norm plus the per-rank select time of the last step.
+
+        ``select_seconds_max`` / ``select_seconds_mean`` over ranks and
+        ``select_imbalance = max / mean`` (1 is perfect balance).
+        """
+        d = super().diagnostics()
+        times = [float(x) for x in self.comm.allgather_obj(float(self.last_select_seconds))]
+        mx, mean = max(times), sum(times) / len(times)
+        d["select_seconds_max"] = mx
+        d["select_seconds_mean"] = mean
+        d["select_imbalance"] = mx / mean if mean > 0 else 1.0
+        return d
