@@ -54,9 +54,15 @@ def mpi_options(f: Callable) -> Callable:
     return f
 
 
-def scheme_options(f: Callable) -> Callable:
-    """One click option per scheme option in the registry (defaults: None = unset)."""
+def scheme_options(f: Callable, exclude: tuple[str, ...] = ()) -> Callable:
+    """One click option per scheme option in the registry (defaults: None = unset).
+
+    Names in ``exclude`` belong to the command itself (``train --momentum``)
+    and are handed to the schemes that declare them by the command.
+    """
     for name, (opt, owners) in sorted(all_options().items(), reverse=True):
+        if name in exclude:
+            continue
         owner_text = ", ".join(owners)
         if opt.kind is bool:
             f = click.option(opt.flag, name, is_flag=True, default=None,
@@ -247,11 +253,150 @@ def bench_select(size, density, repeats, threads, distribution, seed, json_path)
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise click.UsageError("bench select compares with torch.topk: install torch (pip install '.[torch]')")
+        raise click.UsageError("bench select compares with torch.topk: install torch (pip install '.[train]')")
     res = run_select_bench(n=size, density=density, repeats=repeats, seed=seed, threads=threads,
                            distribution=distribution)
     click.echo(format_select_bench(res))
     write_json(json_path, res)
+
+
+TRAIN_PHASES = ("forward", "backward", "wait", "compensate", "select", "exchange_indices", "exchange_values",
+                "update")
+
+
+@cli.command()
+@mpi_options
+@click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18", "lstm"]), default="mlp", show_default=True,
+              help="Network (lstm is a word language model for --data text).")
+@click.option("--data", type=click.Choice(["digits", "synthetic", "cifar10", "text"]), default="digits",
+              show_default=True, help="digits ships with scikit-learn (no download); cifar10/text read --data-dir.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="CIFAR-10 binary batches, or a text corpus (train.txt/valid.txt/test.txt or wiki.*.tokens).")
+@click.option("--scheme", "schemes", type=click.Choice(sorted(SCHEMES)), multiple=True, default=("dense",),
+              show_default=True, help="Scheme; repeat to train once with each and compare.")
+@click.option("--density", type=float, default=0.01, show_default=True, callback=_density,
+              help="Fraction of elements sent, in (0, 1].")
+@click.option("--epochs", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Per rank.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.1, show_default=True)
+@click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True,
+              help="SGD momentum, applied to the aggregated update (DGC applies it itself).")
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--bptt", type=click.IntRange(min=1), default=35, show_default=True, help="LM sequence length.")
+@click.option("--clip", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Clip the local gradient norm before exchange (0: off).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--no-memory", is_flag=True, help="Disable error feedback.")
+@click.option("--check-collectives", is_flag=True, help="Debug: verify every collective's counts and dtypes.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Result object (a list with several --scheme).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Per-step log (rank 0's loss, bytes, density, times).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG of loss and accuracy against iterations and wall-clock time.")
+@click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False), default=None,
+              help="Write a checkpoint here after every epoch (and on SIGUSR1).")
+@click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
+@(lambda f: scheme_options(f, exclude=("momentum",)))
+def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,
+          weight_decay, bptt, clip, seed, no_memory, check_collectives, json_path, csv_path, plot_path,
+          checkpoint_dir, resume, **scheme_opts) -> None:
+    """Train a model across ranks with one or more schemes; print where the time goes."""
+    schemes = tuple(dict.fromkeys(schemes))
+    per_scheme = pick_scheme_options(schemes, scheme_opts)
+    if (model == "lstm") != (data == "text"):
+        raise click.UsageError(f"--model {model} does not fit --data {data}: "
+                               "the lstm model trains on --data text, the classifiers on digits/synthetic/cifar10")
+    if data in ("cifar10", "text") and not data_dir:
+        raise click.UsageError(f"--data {data} needs --data-dir DIR")
+    if resume and not checkpoint_dir:
+        raise click.UsageError("--resume needs --checkpoint DIR")
+    maybe_relaunch(nprocs, timeout)
+
+    from .timing import format_table
+    from .train.loop import TrainConfig, run_training
+    from .train.output import CsvLog, plot_history
+
+    comm = open_comm(nprocs, check=check_collectives)
+    agree_on_config(comm, {"model": model, "data": data, "schemes": list(schemes), "density": density,
+                           "epochs": epochs, "batch_size": batch_size, "lr": lr, "momentum": momentum,
+                           "seed": seed, "memory": not no_memory, "options": per_scheme})
+    log = CsvLog(csv_path, append=resume) if (csv_path and comm.rank == 0) else None
+    steps: dict[str, list] = {}
+    results = []
+    for s in schemes:
+        cfg = TrainConfig(model=model, data=data, data_dir=data_dir, scheme=s, density=density, epochs=epochs,
+                          batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, bptt=bptt,
+                          clip=clip, seed=seed, memory=not no_memory,
+                          checkpoint=None if checkpoint_dir is None else
+                          (checkpoint_dir if len(schemes) == 1 else str(Path(checkpoint_dir) / s)),
+                          resume=resume, scheme_options={k: v for k, v in per_scheme[s].items()})
+        steps[s] = []
+
+        def step_log(rec, _s=s):
+            steps[_s].append(rec)
+            if log is not None:
+                log.row(_s, rec)
+
+        if comm.rank == 0:
+            click.echo(f"\n{s}: {model} on {data}, W={comm.size}, density {density:g}, {epochs} epochs")
+        res = run_training(comm, cfg, progress=_train_progress(comm), step_log=step_log if comm.rank == 0 else None)
+        results.append(res)
+        if comm.rank == 0:
+            final = res["metrics"]["final"]
+            extra = {"density_actual": f"{res['density_actual']:.6f}",
+                     "bytes/rank/step": f"{res['bytes_sent_per_rank']:,.0f}",
+                     "skipped steps": str(res["skipped_steps"]),
+                     "train loss": f"{final.get('train_loss', float('nan')):.4f}",
+                     "test loss": f"{final.get('test_loss', float('nan')):.4f}"}
+            if "test_accuracy" in final:
+                extra["test accuracy"] = f"{100 * final['test_accuracy']:.2f}%"
+            if "test_perplexity" in final:
+                extra["test perplexity"] = f"{final['test_perplexity']:.2f}"
+            click.echo(format_table(
+                f"{s}: per-phase time per step (ms), {res['n']:,} parameters",
+                {**{k: {"mean": res["phases_mean_over_ranks"].get(k, 0.0), "max": res["phases"].get(k, 0.0)}
+                    for k in TRAIN_PHASES if k != "wait" or k in res["phases"]},
+                 "step": {"mean": res["step_seconds_mean_over_ranks"], "max": res["step_seconds"]}},
+                extra))
+    if comm.rank == 0:
+        if len(results) > 1:
+            click.echo("\n" + format_train_comparison(results))
+        write_json(json_path, results[0] if len(results) == 1 else results)
+        if log is not None:
+            log.close()
+        if plot_path:
+            plot_history(results, steps, plot_path)
+            click.echo(f"plot written to {plot_path}")
+
+
+def format_train_comparison(results: list[dict[str, Any]]) -> str:
+    lines = [f"{'scheme':<12}{'test acc':>10}{'test loss':>11}{'step ms':>10}{'bytes/rank':>14}{'density':>10}"]
+    for r in results:
+        f = r["metrics"]["final"]
+        acc = f"{100 * f['test_accuracy']:.2f}%" if "test_accuracy" in f else f"ppl {f.get('test_perplexity', 0):.1f}"
+        lines.append(f"{r['scheme']:<12}{acc:>10}{f.get('test_loss', float('nan')):>11.4f}"
+                     f"{r['step_seconds'] * 1e3:>10.2f}{r['bytes_sent_per_rank']:>14,.0f}{r['density_actual']:>10.5f}")
+    return "\n".join(lines)
+
+
+def _train_progress(comm):
+    """Rank 0: a live status line on a terminal, epoch summaries always."""
+    if comm.rank != 0:
+        return None
+    tty = sys.stderr.isatty()
+
+    def report(msg: str | None) -> None:
+        if msg is None:
+            if tty:
+                click.echo("\r\033[K", err=True, nl=False)
+        elif msg.startswith("epoch") and " batch " in msg:
+            if tty:
+                click.echo("\r\033[K" + msg, err=True, nl=False)
+        else:
+            click.echo(msg)
+
+    return report
 
 
 def format_comparison(results: list[dict[str, Any]]) -> str:

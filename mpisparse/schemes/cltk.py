@@ -326,7 +326,7 @@ class CLTK(Scheme):
         with self.phase("select"):
             if comm.rank == leader:  # Alg. 1 l.6, eq. 2: I^k(acc_L), leader only
                 if self._scratch is None:
-                    self._scratch = np.empty_like(acc) if not backend.is_device_array(acc) else acc.copy()
+                    self._scratch = backend.array_module(acc).empty_like(acc)
                 idx = chunked_topk(acc, k, self.chunks, scratch=self._scratch)
                 idx = idx.astype(backend.index_dtype(self.n), copy=False)
         with self.phase("exchange_indices"):

@@ -1,0 +1,213 @@
+"""Trainable PyTorch models for the training front end.
+
+* ``mlp`` -- flatten -> Linear(in, 128) -> ReLU -> Linear(128, 128) -> ReLU
+  -> Linear(128, classes) (``hidden`` sets the width).  Any input shape.
+* ``cnn`` -- a small convolutional net for ``(C, H, W)`` inputs of 8x8
+  (digits) up to 32x32 (CIFAR-10): conv3x3(C, 32) + ReLU, conv3x3(32, 64) +
+  ReLU, maxpool 2, conv3x3(64, 64) + ReLU, global average pool,
+  Linear(64, classes).  Deliberately without BatchNorm (and dropout): it has
+  no running statistics, so the model state is a function of the parameters
+  alone and data-parallel runs reproduce a one-process run exactly.
+* ``resnet18`` -- the CIFAR-style ResNet-18 (He et al., 2016): 3x3 stem
+  convolution, no max pool, four stages of two BasicBlocks with 64, 128, 256,
+  512 channels (strides 1, 2, 2, 2; 1x1 conv + BatchNorm projection
+  shortcuts), BatchNorm, global average pool, fc.  11,173,962 parameters for
+  3 input channels and 10 classes; 32x32 inputs end at 4x4, 8x8 at 1x1.
+* ``lstm`` -- word language model: Embedding(vocab, 200) -> 2-layer LSTM
+  (200 units) -> Linear(200, vocab); ``forward(x, hidden=None)`` returns
+  ``(logits (bptt, batch, vocab), hidden)``.  ``num_classes`` is the vocabulary size.
+
+All initialisation goes through torch's global generator, so a model is
+reproducible given ``torch.manual_seed``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+__all__ = ["NETS", "build_model", "needs_image", "is_lm", "MLP", "SmallCNN", "ResNet18",
+           "BasicBlock", "LSTMLM", "detach_hidden"]
+
+NETS = {"mlp", "cnn", "resnet18", "lstm"}
+_IMAGE_NETS = {"cnn", "resnet18"}
+_LM_NETS = {"lstm"}
+
+
+def _check(name: str) -> None:
+    if name not in NETS:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(sorted(NETS))}")
+
+
+def needs_image(name: str) -> bool:
+    """True for models that take ``(C, H, W)`` inputs (load the dataset with ``image=True``)."""
+    _check(name)
+    return name in _IMAGE_NETS
+
+
+def is_lm(name: str) -> bool:
+    """True for language models (token streams, ``forward(x, hidden)``)."""
+    _check(name)
+    return name in _LM_NETS
+
+
+# --------------------------------------------------------------------------- MLP / CNN
+
+class MLP(nn.Module):
+    def __init__(self, in_features: int, num_classes: int, hidden: int = 128):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(in_features, hidden), nn.ReLU(),
+            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class SmallCNN(nn.Module):
+    """No BatchNorm, no dropout: see the module docstring."""
+
+    def __init__(self, in_channels: int, num_classes: int):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+        )
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.fc(self.features(x))
+
+
+# --------------------------------------------------------------------------- ResNet-18
+
+class BasicBlock(nn.Module):
+    def __init__(self, in_planes: int, planes: int, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        if stride != 1 or in_planes != planes:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_planes, planes, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(planes),
+            )
+        else:
+            self.shortcut = nn.Sequential()
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+class ResNet18(nn.Module):
+    def __init__(self, in_channels: int = 3, num_classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        layers = []
+        in_planes = 64
+        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers.append(nn.Sequential(BasicBlock(in_planes, planes, stride),
+                                        BasicBlock(planes, planes, 1)))
+            in_planes = planes
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.layer4(self.layer3(self.layer2(self.layer1(out))))
+        return self.fc(torch.flatten(self.pool(out), 1))
+
+
+# --------------------------------------------------------------------------- LSTM LM
+
+def detach_hidden(h):
+    """Cut the autograd history of an LSTM state (a tensor or nested tuple of tensors),
+    for truncated back-propagation through time between ``bptt`` windows."""
+    if h is None:
+        return None
+    if isinstance(h, torch.Tensor):
+        return h.detach()
+    return tuple(detach_hidden(v) for v in h)
+
+
+class LSTMLM(nn.Module):
+    """Embedding -> multi-layer LSTM -> Linear decoder over the vocabulary.
+
+    Inputs are ``(bptt, batch)`` int64 token ids (sequence-first, as laid
+    out by :func:`mpisparse.data.lm_batches`).  Embedding and decoder weights
+    are initialised uniform in [-0.1, 0.1] and the decoder bias at 0, as in
+    the usual word-LM recipe; the LSTM keeps torch's default init.
+    """
+
+    def __init__(self, vocab: int, emb: int = 200, hidden: int = 200, layers: int = 2,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.vocab, self.hidden_size, self.num_layers = vocab, hidden, layers
+        self.drop = nn.Dropout(dropout)
+        self.encoder = nn.Embedding(vocab, emb)
+        self.rnn = nn.LSTM(emb, hidden, num_layers=layers, dropout=dropout if layers > 1 else 0.0)
+        self.decoder = nn.Linear(hidden, vocab)
+        nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
+        nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+
+    def init_hidden(self, batch: int):
+        """Zero ``(h, c)``, each ``(layers, batch, hidden)``, on the model's device and dtype."""
+        w = self.decoder.weight
+        shape = (self.num_layers, batch, self.hidden_size)
+        return (w.new_zeros(shape), w.new_zeros(shape))
+
+    detach_hidden = staticmethod(detach_hidden)
+
+    def forward(self, x, hidden=None):
+        emb = self.drop(self.encoder(x))
+        out, hidden = self.rnn(emb, hidden)
+        return self.decoder(self.drop(out)), hidden
+
+
+# --------------------------------------------------------------------------- factory
+
+def build_model(name: str, *, input_shape: tuple, num_classes: int, **kw) -> nn.Module:
+    """Build model ``name`` for samples of ``input_shape`` and ``num_classes`` outputs.
+
+    Keywords: ``mlp``: ``hidden=128``; ``lstm``: ``emb=200``, ``hidden=200``,
+    ``layers=2``, ``dropout=0.0``; ``cnn`` and ``resnet18`` take none.
+    Image models need ``input_shape == (C, H, W)``; ``lstm`` needs
+    ``input_shape == ()`` (a token stream) and takes ``num_classes`` as the
+    vocabulary size.
+    """
+    _check(name)
+    input_shape = tuple(input_shape)
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    if name == "lstm":
+        if input_shape != ():
+            raise ValueError(f"model 'lstm' is a language model: it needs a token-stream dataset "
+                             f"(input_shape ()), got input_shape {input_shape}")
+        return LSTMLM(num_classes, **kw)
+    if input_shape == ():
+        raise ValueError(f"model {name!r} is a classifier: it cannot take a token-stream dataset")
+    if name == "mlp":
+        return MLP(math.prod(input_shape), num_classes, **kw)
+    if len(input_shape) != 3:
+        raise ValueError(f"model {name!r} needs (C, H, W) inputs, got input_shape {input_shape}; "
+                         f"load the dataset with image=True")
+    if kw:
+        raise TypeError(f"model {name!r} takes no options, got {', '.join(sorted(kw))}")
+    if name == "cnn":
+        return SmallCNN(input_shape[0], num_classes)
+    return ResNet18(input_shape[0], num_classes)

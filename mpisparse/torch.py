@@ -1,0 +1,163 @@
+"""PyTorch integration: a distributed optimizer wrapper, Horovod-style.
+
+::
+
+    from mpisparse.torch import DistributedOptimizer
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = DistributedOptimizer(opt, model, scheme="deft", density=0.01)
+    for x, y in batches:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+
+At construction rank 0's parameters (and floating-point buffers) are
+broadcast to every rank.  Each :meth:`DistributedOptimizer.step` copies the
+gradients into the fusion buffer, checks them for NaN/Inf on every rank (any
+non-finite value anywhere skips the step on all ranks, counted in
+``skipped_steps``; parameters stay unchanged), exchanges them with the
+scheme, writes the aggregated mean update back into ``.grad`` and steps the
+wrapped optimizer.  Momentum therefore acts on the aggregated update (as in
+Alg. 1 of DEFT and of ScaleCom); a scheme that brings its own momentum
+(``provides_momentum``, e.g. DGC's correction) requires an optimizer without
+momentum.
+
+Phases: the copy into the fusion buffer and the local finite check are
+timed as ``compensate`` (they prepare the vector the scheme compensates);
+the 4-byte Allreduce that agrees on skipping is ``wait`` (mostly waiting
+for the slowest rank's backward pass); the copy back and the optimizer step
+are ``update``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .comm import Communicator
+from .fusion import FusionLayout
+from .schemes import create
+from .timing import PhaseTimer
+
+
+def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _host_view(t: torch.Tensor) -> np.ndarray:
+    """Zero-copy NumPy view of a contiguous CPU tensor (DLPack)."""
+    return np.from_dlpack(t.detach())
+
+
+class DistributedOptimizer:
+    """Wrap ``optimizer`` so that each step exchanges gradients with ``scheme``.
+
+    Parameters
+    ----------
+    optimizer: a ``torch.optim.Optimizer`` over ``model``'s parameters.
+    model: the module whose trainable parameters form the fusion buffer.
+    scheme, density, memory, seed, **scheme_options: passed to the scheme.
+    comm: a :class:`mpisparse.comm.Communicator` (COMM_WORLD when omitted).
+    timer: a :class:`mpisparse.timing.PhaseTimer` to time the phases.
+    broadcast: broadcast rank 0's parameters and buffers first.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, scheme: str = "dense",
+                 density: float = 1.0, *, comm: Communicator | None = None, timer: PhaseTimer | None = None,
+                 memory: bool = True, seed: int = 0, broadcast: bool = True, **scheme_options: Any):
+        self.optimizer = optimizer
+        self.model = model
+        self.comm = comm if comm is not None else Communicator()
+        self.timer = timer if timer is not None else PhaseTimer(enabled=False)
+        named = _trainable(model)
+        if not named:
+            raise ValueError("the model has no trainable parameters")
+        self.params = [p for _, p in named]
+        self.layout = FusionLayout([(n, tuple(p.shape)) for n, p in named])
+        self.scheme = create(scheme, self.comm, self.layout, density, memory=memory, timer=self.timer,
+                             seed=seed, **scheme_options)
+        if self.scheme.provides_momentum:
+            for g in optimizer.param_groups:
+                if g.get("momentum", 0):
+                    raise ValueError(
+                        f"scheme {scheme!r} applies momentum itself (momentum correction); "
+                        f"the wrapped optimizer has momentum {g['momentum']}, it must be 0")
+        self.buffer = self.layout.zeros()
+        self._grad_views = self.layout.unflatten(self.buffer)
+        self._flag = np.zeros(1, dtype=np.int32)
+        self.skipped_steps = 0
+        self.steps = 0
+        if broadcast:
+            self.broadcast_parameters()
+
+    # ------------------------------------------------------------ set-up
+    @torch.no_grad()
+    def broadcast_parameters(self, root: int = 0) -> None:
+        """Make every rank's parameters and float buffers equal to ``root``'s."""
+        vec = self.layout.flatten([p.detach().cpu().numpy() for p in self.params])
+        self.comm.bcast(vec, root)
+        for p, v in zip(self.params, self.layout.unflatten(vec)):
+            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+        for b in self.model.buffers():
+            if b.is_floating_point() and b.numel():
+                arr = b.detach().cpu().numpy().astype(np.float32).ravel()
+                self.comm.bcast(arr, root)
+                b.copy_(torch.from_numpy(arr).view_as(b))
+
+    # -------------------------------------------------------------- step
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def _gather_grads(self) -> None:
+        """Copy ``.grad`` into the fusion buffer and flag a non-finite value."""
+        for p, view in zip(self.params, self._grad_views):
+            if p.grad is None:
+                view[...] = 0
+            else:
+                view[...] = p.grad.detach().cpu().numpy()
+        self._flag[0] = 0 if np.isfinite(self.buffer).all() else 1
+
+    def _all_finite(self) -> bool:
+        """Agree over ranks (4-byte Allreduce, max) whether every rank's gradient is finite."""
+        self.comm.allreduce(self._flag, self._flag, op="max")
+        return self._flag[0] == 0
+
+    @torch.no_grad()
+    def step(self, closure=None) -> bool:
+        """Exchange gradients and step; returns False when the step was skipped."""
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        with self.timer.phase("compensate"):
+            self._gather_grads()
+        with self.timer.phase("wait"):
+            finite = self._all_finite()
+        if not finite:
+            self.skipped_steps += 1
+            self.optimizer.zero_grad(set_to_none=False)
+            return False
+        out = self.scheme.step(self.buffer)
+        with self.timer.phase("update"):
+            for p, view in zip(self.params, self.layout.unflatten(out)):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                if p.grad.device.type == "cpu" and p.grad.is_contiguous():
+                    _host_view(p.grad)[...] = view
+                else:
+                    p.grad.copy_(torch.from_numpy(view))
+            self.optimizer.step()
+        self.steps += 1
+        return True
+
+    # ------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "scheme": self.scheme.state_dict(),
+                "skipped_steps": self.skipped_steps, "steps": self.steps}
+
+    def load_state_dict(self, state: dict[str, Any], *, scheme_state: bool = True) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.steps = int(state.get("steps", 0))
+        if scheme_state and "scheme" in state:
+            self.scheme.load_state_dict(state["scheme"])

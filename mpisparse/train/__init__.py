@@ -1,0 +1,1 @@
+"""The training front end: loop, checkpoints and outputs of ``mpisparse train``."""
