@@ -198,6 +198,8 @@ class DCT(SparseGatherScheme):
         self.recomputed = False
         #: every iteration at which the thresholds were recomputed
         self.recomputed_at: list[int] = []
+        #: entries this rank sent in the last step
+        self.local_count = 0
         self._scratch = None
 
     def select(self, acc) -> np.ndarray:
@@ -222,11 +224,16 @@ class DCT(SparseGatherScheme):
                 parts.append(hit.astype(idt, copy=False) + idt(slot.offset))
         # Alg. 1 l.10-12: the base sends acc[idx] (W_hat) with Allgatherv, sums
         # every rank's set, and memory.update zeroes the sent entries (E = W - W_hat)
-        return np.concatenate(parts) if parts else np.empty(0, idt)
+        idx = np.concatenate(parts) if parts else np.empty(0, idt)
+        self.local_count = int(idx.size)
+        return idx
 
     def diagnostics(self) -> dict[str, float]:
         d = super().diagnostics()
         d["tau_recomputed"] = float(self.recomputed)
+        # this rank's own density (before the union over ranks), mean over ranks
+        mine = self.comm.allreduce(np.array([self.local_count / self.n]))
+        d["dct_local_density"] = float(mine[0]) / self.comm.size
         return d
 
     def _extra_state(self) -> dict[str, Any]:
