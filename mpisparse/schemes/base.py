@@ -110,6 +110,10 @@ class Scheme:
     options: ClassVar[tuple[SchemeOption, ...]] = ()
     #: ranks the scheme needs at least (e.g. a parameter server needs 2)
     min_world_size: ClassVar[int] = 1
+    #: how the scheme runs: "collective" (every rank steps the same way, the
+    #: Scheme.step contract below), "ps" (parameter server: mpisparse.ps) or
+    #: "mp" (model parallel: mpisparse.mp); the front ends dispatch on it
+    family: ClassVar[str] = "collective"
     #: whether error feedback applies (False for dense)
     uses_memory: ClassVar[bool] = True
     #: the scheme applies momentum itself (DGC's momentum correction): the
