@@ -232,11 +232,28 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
         write_json(json_path, results[0] if len(results) == 1 else results)
 
 
+def _int_list(ctx, param, value):
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: every world size must be >= 1")
+    return out
+
+
 @bench.command("select")
+@click.option("--mode", type=click.Choice(["kernels", "deft"]), default="kernels", show_default=True,
+              help="kernels: top-k/threshold kernels vs torch.topk and one pass; "
+                   "deft: DEFT's per-rank selection time vs whole-vector top-k for several W.")
 @click.option("--size", type=click.IntRange(min=1), default=25_000_000, show_default=True,
-              help="Elements in the float32 vector.")
-@click.option("--density", type=float, default=0.001, show_default=True, callback=_density,
-              help="Fraction selected, in (0, 1].")
+              help="kernels: elements in the float32 vector.")
+@click.option("--model", "models", type=click.Choice(model_names()), multiple=True,
+              default=("resnet50", "lstm-wt2"), show_default=True, help="deft: gradient shapes.")
+@click.option("--worlds", default="1,2,4,8,16", show_default=True, callback=_int_list,
+              help="deft: world sizes; each rank's share is timed one after another in this process.")
+@click.option("--density", type=float, default=None, callback=_density,
+              help="Fraction selected, in (0, 1] [default: 0.001 for kernels, 0.01 for deft].")
 @click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
               help="Timed calls of each kernel (best and median reported).")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
@@ -246,8 +263,17 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the result object to this file.")
-def bench_select(size, density, repeats, threads, distribution, seed, json_path) -> None:
-    """Time the selection kernels against torch.topk and one pass over the data (one process)."""
+def bench_select(mode, size, models, worlds, density, repeats, threads, distribution, seed, json_path) -> None:
+    """Time selection (one process): the kernels, or DEFT's per-rank share against whole-vector top-k."""
+    if mode == "deft":
+        from .bench.select_deft import format_deft_select_bench, run_deft_select_bench
+
+        rows = run_deft_select_bench(models=tuple(models), worlds=tuple(worlds),
+                                     density=0.01 if density is None else density, seed=seed, repeats=repeats)
+        click.echo(format_deft_select_bench(rows))
+        write_json(json_path, rows)
+        return
+    density = 0.001 if density is None else density
     from .bench.select import format_select_bench, run_select_bench
 
     try:

@@ -1,0 +1,174 @@
+"""Run on W ranks: the ``deft`` scheme against a NumPy reference of DEFT Alg. 1-5.
+
+Every rank regenerates all ranks' gradients, simulates all ranks' DEFT steps
+(memory included) and checks, per step: the aggregate, that every rank holds
+it, this rank's own selection, that the selections of different ranks are
+disjoint, that the bins were packed by the leader ``t mod W`` from ITS norms,
+and the bytes of the pattern (Bcast of the bins + counts + ring Allgatherv of
+the indices + ring Allreduce of the values at the union).  Then density 1
+against dense, no memory, diagnostics and state.
+
+The reference uses mpisparse.partition's transcriptions of the boxes for
+Alg. 2-4 (tested against the boxes in tests/test_partition.py), its argsort
+reference ``layerwise_topk`` for Alg. 5, and plain NumPy for the rest.
+"""
+
+import sys
+
+import numpy as np
+
+from mpisparse.comm import Communicator
+from mpisparse.fusion import FusionLayout
+from mpisparse.gradgen import SyntheticGradients
+from mpisparse.partition import assign_local_k, bin_pack, encode_bins, layerwise_topk, two_stage_partition
+from mpisparse.schemes import create, k_for
+
+LAYERS = [("a.weight", (40, 25)), ("a.bias", (25,)), ("b.weight", (300,)), ("b.bias", (30,)),
+          ("c.weight", (12, 20)), ("c.bias", (20,)), ("d.weight", (250,)), ("e", (7,)),
+          ("f.weight", (16, 16)), ("g", (1,))]
+STEPS = 6
+DENSITY = 0.05
+
+comm = Communicator(check="--check" in sys.argv)
+W, rank = comm.size, comm.rank
+layout = FusionLayout(LAYERS)
+n = layout.n
+grads = [[SyntheticGradients(layout, r, seed=7).fill(layout.empty(), t) for r in range(W)] for t in range(STEPS)]
+
+# Alg. 2 by hand for this layout: n = 2129; a.weight (1000) is split when 1000 > 2129 / W
+SPANS = {1: 10, 2: 10, 3: 12, 4: 13}
+layers = two_stage_partition([s.size for s in layout.layers], W)
+if W in SPANS:
+    assert len(layers) == SPANS[W], (W, len(layers))
+sizes = [layer.size for layer in layers]
+
+
+def close(a, b, what):
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-9, err_msg=what)
+
+
+def norms_of(acc):
+    return [np.sqrt(float(np.dot(acc[l.start:l.end], acc[l.start:l.end]))) for l in layers]
+
+
+def ks_of(acc, k):
+    if k >= n:
+        return np.array(sizes)
+    return assign_local_k(sizes, norms_of(acc), k)
+
+
+def reference(density, memory=True, steps=STEPS):
+    """All ranks' DEFT steps (Alg. 1 with Alg. 2-5), residuals in float32 like the scheme."""
+    k = k_for(density, n)
+    resid = [np.zeros(n, np.float32) for _ in range(W)]
+    rec = []
+    for t in range(steps):
+        accs = [resid[r] + grads[t][r] for r in range(W)]  # Alg. 1 l.5
+        ks = [ks_of(accs[r], k) for r in range(W)]  # Alg. 3, each rank its own norms
+        cycle = t % W  # Alg. 4 l.1
+        bins_by = [bin_pack(sizes, ks[r], W) for r in range(W)]  # what each rank would pack
+        bins = bins_by[cycle]  # Alg. 4 l.3-16: the leader's
+        own = [np.sort(layerwise_topk(accs[r], layers, ks[r], bins[(cycle + r) % W])[0]) for r in range(W)]
+        union = np.concatenate(own)  # Alg. 1 l.7
+        assert np.unique(union).size == union.size, "reference selections overlap"
+        total = np.sum([accs[r][union].astype(np.float64) for r in range(W)], axis=0)  # l.8-9
+        out = np.zeros(n)
+        out[union] = total / W  # Alg. 1 l.10
+        for r in range(W):
+            if memory:
+                accs[r][union] = 0  # Alg. 1 l.11: the gathered set
+                resid[r] = accs[r]  # Alg. 1 l.12
+        rec.append({"out": out, "own": own, "union": union, "bins": encode_bins(bins, len(layers)),
+                    "others_differ": any(b != bins for b in bins_by)})
+    return rec, resid
+
+
+def run(density, **kw):
+    sch = create("deft", comm, layout, density, seed=3, **kw)
+    outs, step_bytes, states = [], [], []
+    for t in range(STEPS):
+        b0 = comm.bytes_sent
+        out = sch.step(grads[t][rank].copy())
+        step_bytes.append(comm.bytes_sent - b0)
+        outs.append(out.astype(np.float64))
+        everyone = comm.allgather_obj(out.tobytes())
+        assert all(e == everyone[0] for e in everyone), f"deft: ranks hold different aggregates at step {t}"
+        states.append({"leader": sch.last_leader, "bins": sch.last_bins.copy(),
+                       "own": np.sort(np.asarray(sch.last_own_indices)),
+                       "selected": sch.selected_global()})
+    return sch, outs, step_bytes, states
+
+
+def ring_allgather(counts, itemsize):
+    return 0 if W == 1 else (sum(counts) - counts[(rank + 1) % W]) * itemsize
+
+
+def expected_bytes(rec_t, t):
+    counts = [len(o) for o in rec_t["own"]]
+    bcast = 4 * len(layers) if (rank - t % W) % W < W - 1 else 0
+    return (bcast + ring_allgather([1] * W, 8) + ring_allgather(counts, 4)
+            + 2 * (W - 1) * 4 * len(rec_t["union"]) // W)
+
+
+# DEFT against the reference ---------------------------------------------
+ref, ref_resid = reference(DENSITY)
+sch, outs, nbytes, states = run(DENSITY)
+k = k_for(DENSITY, n)
+for t in range(STEPS):
+    r = ref[t]
+    assert states[t]["leader"] == t % W, ("leader", t, states[t]["leader"])
+    np.testing.assert_array_equal(states[t]["bins"], r["bins"],
+                                  err_msg=f"bins at step {t} are not those of rank {t % W}'s norms")
+    np.testing.assert_array_equal(states[t]["own"], r["own"][rank], err_msg=f"own selection at step {t}")
+    close(outs[t], r["out"], f"deft aggregate at step {t}")
+    assert states[t]["selected"] == len(r["union"]), "selected_global != size of the union"
+    assert nbytes[t] == expected_bytes(r, t), ("deft bytes", t, nbytes[t], expected_bytes(r, t))
+    # the selections of different ranks are disjoint, and every rank saw the same
+    mine = comm.allgather_obj(states[t]["own"])
+    cat = np.concatenate(mine)
+    assert np.unique(cat).size == cat.size, f"selections of different ranks overlap at step {t}"
+    # density stays near k (no build-up): within the floor-of-1 slack of Alg. 3
+    assert abs(len(cat) - k) <= max(2, 0.1 * k) * W, (t, len(cat), k)
+if W > 1:
+    # the leader check above is discriminating: another rank's norms would have packed differently
+    assert any(r["others_differ"] for r in ref), "test layout cannot tell leaders apart"
+np.testing.assert_array_equal(sch.memory.residual, ref_resid[rank])
+
+# mass conservation: W * sum_t out_t + sum_r e_r == sum of all gradients
+total_resid = np.sum(comm.allgather_obj(sch.memory.residual.astype(np.float64)), axis=0)
+close(W * np.sum(outs, axis=0) + total_resid, np.sum([g for s in grads for g in s], axis=0, dtype=np.float64),
+      "deft: error feedback does not conserve mass")
+
+# diagnostics -------------------------------------------------------------
+d = sch.diagnostics()
+times = comm.allgather_obj(sch.last_select_seconds)
+assert d["select_seconds_max"] == max(times) and abs(d["select_seconds_mean"] - sum(times) / W) < 1e-12, d
+assert d["select_imbalance"] >= 1.0 - 1e-12, d
+resid_norms = comm.allgather_obj(float(np.linalg.norm(sch.memory.residual)))
+assert abs(d["error_norm"] - sum(resid_norms) / W) <= 1e-6 * max(1.0, d["error_norm"]), d
+
+# state: iteration (leader cycle) and memory; the partition is recomputed --
+sch2 = create("deft", comm, layout, DENSITY, seed=3)
+sch2.load_state_dict(sch.state_dict())
+assert sch2.iteration == STEPS and len(sch2.layers) == len(layers)
+extra = [grads[t % STEPS][rank] * np.float32(0.5) for t in range(2)]
+for g in extra:
+    a, b = sch.step(g.copy()), sch2.step(g.copy())
+    np.testing.assert_array_equal(a, b)
+    assert sch.last_leader == sch2.last_leader
+
+# density 1 equals dense ----------------------------------------------------
+_, outs1, _, states1 = run(1.0)
+for t in range(STEPS):
+    close(outs1[t], np.mean(grads[t], axis=0, dtype=np.float64), f"deft at density 1 != dense, step {t}")
+    assert states1[t]["selected"] == n
+
+# no memory: nothing is remembered ------------------------------------------
+ref_nm, _ = reference(DENSITY, memory=False)
+sch, outs, _, _ = run(DENSITY, memory=False)
+for t in range(STEPS):
+    close(outs[t], ref_nm[t]["out"], f"deft without memory, step {t}")
+assert sch.memory.state_dict() == {}
+
+if rank == 0:
+    print(f"deft OK on {W} ranks")
