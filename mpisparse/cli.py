@@ -68,8 +68,8 @@ def scheme_options(f: Callable, exclude: tuple[str, ...] = ()) -> Callable:
             f = click.option(opt.flag, name, is_flag=True, default=None,
                              help=f"[{owner_text}] {opt.help.split(': ', 1)[-1]}")(f)
         else:
-            f = click.option(opt.flag, name, type=opt.kind, default=None,
-                             help=f"[{owner_text}] {opt.help.split(': ', 1)[-1]}")(f)
+            f = click.option(opt.flag, name, type=click.Choice(opt.choices) if opt.choices else opt.kind,
+                             default=None, help=f"[{owner_text}] {opt.help.split(': ', 1)[-1]}")(f)
     return f
 
 
@@ -107,10 +107,19 @@ def maybe_relaunch(nprocs: int | None, timeout: int | None) -> bool:
     raise SystemExit(code)
 
 
-def open_comm(nprocs: int | None, check: bool = False):
-    from .comm import Communicator
+def cuda_aware_option(f: Callable) -> Callable:
+    """``--cuda-aware/--no-cuda-aware``: override the run-time probe (default: decided once, see `info`)."""
+    return click.option("--cuda-aware/--no-cuda-aware", "cuda_aware", default=None,
+                        help="Hand device buffers to MPI directly / stage them through pinned host memory "
+                             "[default: MPISPARSE_CUDA_AWARE, else the MPI library's answer checked by a probe].")(f)
 
-    comm = Communicator(check=check)
+
+def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None = None):
+    from .comm import Communicator
+    from .device import assign_device
+
+    assign_device(Communicator(cuda_aware=False))  # GPU by local rank, before any probe allocates on one
+    comm = Communicator(check=check, cuda_aware=cuda_aware)
     if nprocs is not None and comm.size != nprocs:
         raise click.UsageError(f"-n {nprocs} was given but the MPI job has {comm.size} ranks")
     return comm
@@ -126,6 +135,17 @@ def agree_on_config(comm, config: dict[str, Any]) -> None:
                 diffs.append(f"{k}: rank 0 has {everyone[0].get(k)!r}, rank {r} has {other.get(k)!r}")
     if diffs:
         raise ConfigMismatch("ranks disagree on the configuration: " + "; ".join(diffs[:5]))
+
+
+def _check_ps(schemes, servers, nprocs, density, per_scheme, checkpoint: bool = False) -> int:
+    """``--servers`` and the parameter-server schemes' options, before MPI starts; returns S."""
+    from .ps.options import check_ps_options
+
+    try:
+        return check_ps_options(schemes, servers=servers, world=nprocs, density=density, per_scheme=per_scheme,
+                                checkpoint=checkpoint)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def write_json(path: str | None, obj: Any) -> None:
@@ -151,12 +171,13 @@ def cli() -> None:
 @mpi_options
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Also write the report as JSON to this file.")
-def info(nprocs, timeout, json_path) -> None:
+@cuda_aware_option
+def info(nprocs, timeout, json_path, cuda_aware) -> None:
     """MPI library, world size, CUDA-awareness, library versions, GPUs."""
     maybe_relaunch(nprocs, timeout)
     from .info import collect_info, format_info
 
-    comm = open_comm(nprocs)
+    comm = open_comm(nprocs, cuda_aware=cuda_aware)
     report = collect_info(comm)
     if comm.rank == 0:
         click.echo(format_info(report))
@@ -165,7 +186,8 @@ def info(nprocs, timeout, json_path) -> None:
 
 @cli.group()
 def bench() -> None:
-    """Benchmarks: `step` (sparsified steps on model-shaped gradients), `select` (kernels)."""
+    """Benchmarks: `step` (sparsified steps), `exchange` (collective patterns), `select` (kernels),
+    `scaling` (sweeps of W and density)."""
 
 
 @bench.command("step")
@@ -188,32 +210,53 @@ def bench() -> None:
               help="Per-step diagnostics into the JSON (error norm, scheme-specific; extra communication).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the result object (a list with several --scheme) to this file.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="One row per scheme: the result's scalars and per-phase ms.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG: per-phase time per step (stacked) and bytes per rank, one bar per scheme.")
+@click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
+              help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")
 @scheme_options
+@cuda_aware_option
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no_memory,
-               check_collectives, diagnostics, json_path, **scheme_opts) -> None:
+               check_collectives, diagnostics, json_path, csv_path, plot_path, servers, cuda_aware=None,
+               **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
     per_scheme = pick_scheme_options(schemes, scheme_opts)
     world = nprocs if nprocs is not None else None
+    for s in schemes:
+        if SCHEMES[s].family == "mp":
+            raise click.UsageError(f"scheme {s!r} sparsifies activations between pipeline stages, not gradients: "
+                                   f"run it with `mpisparse train --scheme {s} --mp-stages S`")
     if world is not None:
         for s in schemes:
             if world < SCHEMES[s].min_world_size:
                 raise click.UsageError(
                     f"scheme {s!r} needs at least {SCHEMES[s].min_world_size} ranks; -n is {world}")
+    servers = _check_ps(schemes, servers, nprocs, density, per_scheme)
+    _check_plot(plot_path)
     maybe_relaunch(nprocs, timeout)
 
     from .bench.step import run_step_bench
     from .timing import format_table
 
-    comm = open_comm(nprocs, check=check_collectives)
+    comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
     agree_on_config(comm, {"model": model, "schemes": list(schemes), "density": density, "iters": iters,
                            "warmup": warmup, "seed": seed, "memory": not no_memory,
                            "options": per_scheme})
     results = []
     for s in schemes:
-        res = run_step_bench(comm, model=model, scheme=s, density=density, iters=iters, warmup=warmup,
-                             seed=seed, memory=not no_memory, scheme_options=per_scheme[s],
-                             diagnostics=diagnostics, progress=_progress(comm, f"{s}: step"))
+        if SCHEMES[s].family == "ps":
+            from .ps.bench import run_ps_step_bench
+
+            res = run_ps_step_bench(comm, model=model, scheme=s, density=density, iters=iters, warmup=warmup,
+                                    seed=seed, memory=not no_memory, scheme_options=per_scheme[s],
+                                    servers=servers, progress=_progress(comm, f"{s}: step"))
+        else:
+            res = run_step_bench(comm, model=model, scheme=s, density=density, iters=iters, warmup=warmup,
+                                 seed=seed, memory=not no_memory, scheme_options=per_scheme[s],
+                                 diagnostics=diagnostics, progress=_progress(comm, f"{s}: step"))
         results.append(res)
         if comm.rank == 0:
             click.echo(format_table(
@@ -226,10 +269,39 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
                  "peak RSS/rank": f"{res['peak_rss_bytes_per_rank'] / 2**20:,.0f} MiB "
                                   f"({res['peak_rss_bytes_per_rank'] / res['gradient_buffer_bytes']:.1f}x buffer)"},
             ))
+            if "ps_mode" in res:
+                from .ps.results import format_ps_report
+
+                click.echo(format_ps_report(res))
     if comm.rank == 0:
         if len(results) > 1:
             click.echo("\n" + format_comparison(results))
         write_json(json_path, results[0] if len(results) == 1 else results)
+        _step_outputs(results, csv_path, plot_path)
+
+
+def _check_plot(plot_path: str | None) -> None:
+    """``--plot`` needs matplotlib: say so before MPI starts."""
+    if plot_path:
+        from .bench.report import check_plot_support
+
+        try:
+            check_plot_support()
+        except RuntimeError as e:
+            raise click.UsageError(str(e)) from None
+
+
+def _step_outputs(results: list[dict[str, Any]], csv_path: str | None, plot_path: str | None) -> None:
+    """``bench step --csv/--plot`` (rank 0)."""
+    from .bench.report import plot_phase_bars, result_row, write_csv
+
+    if csv_path:
+        write_csv(csv_path, [result_row(r) for r in results])
+    if plot_path:
+        r0 = results[0]
+        plot_phase_bars(plot_path, results, title=f"{r0['config'].get('model', '')}, W={r0['world_size']}, "
+                                                  f"density {r0['density_target']:g}")
+        click.echo(f"plot written to {plot_path}")
 
 
 def _int_list(ctx, param, value):
@@ -239,6 +311,31 @@ def _int_list(ctx, param, value):
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
     if not out or min(out) < 1:
         raise click.BadParameter(f"{value!r}: every world size must be >= 1")
+    return out
+
+
+def _size_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        out = [int(float(v)) if "e" in v.lower() else int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: every size must be >= 1")
+    return out
+
+
+def _density_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        out = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
+    bad = [d for d in out if not (math.isfinite(d) and 0.0 < d <= 1.0)]
+    if not out or bad:
+        raise click.BadParameter(f"{value!r}: every density must be in the allowed range (0, 1]")
     return out
 
 
@@ -262,16 +359,65 @@ def _int_list(ctx, param, value):
               show_default=True, help="Distribution of the vector's values.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write the result object to this file.")
-def bench_select(mode, size, models, worlds, density, repeats, threads, distribution, seed, json_path) -> None:
-    """Time selection (one process): the kernels, or DEFT's per-rank share against whole-vector top-k."""
+              help="Write the result object to this file (a list for a sweep).")
+@click.option("--sizes", default=None, callback=_size_list, metavar="N[,N...]",
+              help="kernels: sweep these vector sizes (replaces --size).")
+@click.option("--densities", default=None, callback=_density_list, metavar="D[,D...]",
+              help="kernels: sweep these densities (replaces --density).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="One row per point (kernels) or per model and W (deft).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG: kernel time vs size/density (kernels), or selection speedup vs W (deft).")
+@click.option("--backend", type=click.Choice(["numpy", "cupy"]), default="numpy", show_default=True,
+              help="numpy: the CPU kernels; cupy: the GPU kernels on the current device (with the device's "
+                   "measured copy bandwidth and torch.topk on the same device).")
+def bench_select(mode, size, models, worlds, density, repeats, threads, distribution, seed, json_path,
+                 sizes, densities, csv_path, plot_path, backend) -> None:
+    """Time selection (one process): the kernels, or DEFT's per-rank share against whole-vector top-k.
+
+    With several --sizes or --densities the kernels run once per point and
+    one table (and --csv/--plot) covers the sweep.
+    """
+    _check_plot(plot_path)
+    size = sizes[0] if sizes else size
+    density = densities[0] if densities else density
+    if mode == "kernels" and (len(sizes or ()) > 1 or len(densities or ()) > 1):
+        from .bench.select_sweep import select_sweep_command
+
+        try:
+            select_sweep_command(backend, sizes or [size], densities or [0.001 if density is None else density],
+                                 repeats=repeats, seed=seed, threads=threads, distribution=distribution,
+                                 json_path=json_path, csv_path=csv_path, plot_path=plot_path, echo=click.echo)
+        except RuntimeError as e:
+            raise click.UsageError(str(e)) from None
+        return
+    if backend == "cupy":
+        from .backend.cupy_kernels import available
+
+        if not available():
+            raise click.UsageError("--backend cupy: no GPU/CuPy available (needs CuPy, e.g. "
+                                   "pip install cupy-cuda12x, and a CUDA device)")
+        from .bench import select_gpu
+
+        if mode == "deft":
+            rows = select_gpu.run_deft_select_bench_gpu(models=tuple(models), worlds=tuple(worlds),
+                                                        density=0.01 if density is None else density, seed=seed,
+                                                        repeats=repeats)
+            click.echo(select_gpu.format_deft_select_bench_gpu(rows))
+            _select_outputs(mode, rows, json_path, csv_path, plot_path)
+            return
+        res = select_gpu.run_select_bench_gpu(n=size, density=0.001 if density is None else density,
+                                              repeats=repeats, seed=seed, distribution=distribution)
+        click.echo(select_gpu.format_select_bench_gpu(res))
+        _select_outputs(mode, [res], json_path, csv_path, plot_path)
+        return
     if mode == "deft":
         from .bench.select_deft import format_deft_select_bench, run_deft_select_bench
 
         rows = run_deft_select_bench(models=tuple(models), worlds=tuple(worlds),
                                      density=0.01 if density is None else density, seed=seed, repeats=repeats)
         click.echo(format_deft_select_bench(rows))
-        write_json(json_path, rows)
+        _select_outputs(mode, rows, json_path, csv_path, plot_path)
         return
     density = 0.001 if density is None else density
     from .bench.select import format_select_bench, run_select_bench
@@ -283,17 +429,26 @@ def bench_select(mode, size, models, worlds, density, repeats, threads, distribu
     res = run_select_bench(n=size, density=density, repeats=repeats, seed=seed, threads=threads,
                            distribution=distribution)
     click.echo(format_select_bench(res))
-    write_json(json_path, res)
+    _select_outputs(mode, [res], json_path, csv_path, plot_path)
 
 
-TRAIN_PHASES = ("forward", "backward", "wait", "compensate", "select", "exchange_indices", "exchange_values",
-                "update")
+def _select_outputs(mode: str, results: list[dict[str, Any]], json_path, csv_path, plot_path) -> None:
+    """``bench select``'s --json (a single point stays one object), --csv and --plot."""
+    from .bench.select_sweep import select_outputs
+
+    write_json(json_path, results[0] if (mode == "kernels" and len(results) == 1) else results)
+    select_outputs(mode, results, csv_path, plot_path, echo=click.echo)
+
+
+TRAIN_PHASES = ("forward", "backward", "send_activations", "send_gradients", "wait", "compensate", "select",
+                "exchange_indices", "exchange_values", "update")
+_OPTIONAL_TRAIN_PHASES = ("wait", "send_activations", "send_gradients")  # printed when measured
 
 
 @cli.command()
 @mpi_options
-@click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18", "lstm"]), default="mlp", show_default=True,
-              help="Network (lstm is a word language model for --data text).")
+@click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18", "lstm", "dlrm"]), default="mlp",
+              show_default=True, help="Network (lstm is a word language model for --data text).")
 @click.option("--data", type=click.Choice(["digits", "synthetic", "cifar10", "text"]), default="digits",
               show_default=True, help="digits ships with scikit-learn (no download); cifar10/text read --data-dir.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
@@ -314,6 +469,8 @@ TRAIN_PHASES = ("forward", "backward", "wait", "compensate", "select", "exchange
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--no-memory", is_flag=True, help="Disable error feedback.")
 @click.option("--check-collectives", is_flag=True, help="Debug: verify every collective's counts and dtypes.")
+@click.option("--diagnostics", is_flag=True,
+              help="Per-step diagnostics into the JSON (error norm, scheme-specific; extra communication).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Result object (a list with several --scheme).")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
@@ -323,13 +480,46 @@ TRAIN_PHASES = ("forward", "backward", "wait", "compensate", "select", "exchange
 @click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False), default=None,
               help="Write a checkpoint here after every epoch (and on SIGUSR1).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
+@click.option("--mp-stages", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pipeline (model-parallel) stages S; -n W runs W/S data-parallel replicas of the pipeline.")
+@click.option("--split-after", default=None, metavar="LAYER[,LAYER...]",
+              help="Split after these layers (S-1 names, e.g. net.2); default: balance parameter counts.")
+@click.option("--micro-batches", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pipeline micro-batches per batch (GPipe schedule).")
+@click.option("--dp-scheme", type=click.Choice(sorted(n for n in SCHEMES if SCHEMES[n].family == "collective")),
+              default=None, help="With --mp-stages: data-parallel scheme inside each stage's replica group [dense].")
+@click.option("--dp-density", type=float, default=None, callback=_density,
+              help="With --mp-stages: --density of the --dp-scheme [--density].")
+@click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
+              help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")
 @(lambda f: scheme_options(f, exclude=("momentum",)))
+@cuda_aware_option
 def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,
-          weight_decay, bptt, clip, seed, no_memory, check_collectives, json_path, csv_path, plot_path,
-          checkpoint_dir, resume, **scheme_opts) -> None:
-    """Train a model across ranks with one or more schemes; print where the time goes."""
+          weight_decay, bptt, clip, seed, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
+          checkpoint_dir, resume, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
+          cuda_aware=None, **scheme_opts) -> None:
+    """Train a model across ranks with one or more schemes; print where the time goes.
+
+    With --mp-stages S the model is split into S pipeline stages; --scheme
+    is then how activations cross them (dense, or dct-mp) and --dp-scheme
+    runs inside each stage's group of W/S replicas.
+    """
+    from .mp import MPConfig, check_mp_options, parse_split_after
+
     schemes = tuple(dict.fromkeys(schemes))
-    per_scheme = pick_scheme_options(schemes, scheme_opts)
+    per_scheme = pick_scheme_options(tuple(dict.fromkeys(schemes + ((dp_scheme,) if dp_scheme else ()))),
+                                     scheme_opts)
+    try:
+        split_names = parse_split_after(split_after)
+        pipeline = check_mp_options(model=model, data=data, schemes=schemes, stages=mp_stages,
+                                    split_after=split_names, micro_batches=micro_batches, batch_size=batch_size,
+                                    dp_scheme=dp_scheme, dp_density=dp_density, world=nprocs,
+                                    checkpoint=bool(checkpoint_dir or resume), clip=clip)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    mp_cfg = (MPConfig(stages=mp_stages, split_after=split_names, micro_batches=micro_batches,
+                       dp_scheme=dp_scheme or "dense", dp_density=dp_density,
+                       dp_options=per_scheme.get(dp_scheme or "dense", {})) if pipeline else None)
     if (model == "lstm") != (data == "text"):
         raise click.UsageError(f"--model {model} does not fit --data {data}: "
                                "the lstm model trains on --data text, the classifiers on digits/synthetic/cifar10")
@@ -337,16 +527,23 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
         raise click.UsageError(f"--data {data} needs --data-dir DIR")
     if resume and not checkpoint_dir:
         raise click.UsageError("--resume needs --checkpoint DIR")
+    if nprocs is not None:
+        for s in schemes:
+            if nprocs < SCHEMES[s].min_world_size:
+                raise click.UsageError(
+                    f"scheme {s!r} needs at least {SCHEMES[s].min_world_size} ranks; -n is {nprocs}")
+    servers = _check_ps(schemes, servers, nprocs, density, per_scheme, checkpoint=bool(checkpoint_dir or resume))
     maybe_relaunch(nprocs, timeout)
 
     from .timing import format_table
     from .train.loop import TrainConfig, run_training
     from .train.output import CsvLog, plot_history
 
-    comm = open_comm(nprocs, check=check_collectives)
+    comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
     agree_on_config(comm, {"model": model, "data": data, "schemes": list(schemes), "density": density,
                            "epochs": epochs, "batch_size": batch_size, "lr": lr, "momentum": momentum,
-                           "seed": seed, "memory": not no_memory, "options": per_scheme})
+                           "seed": seed, "memory": not no_memory, "options": per_scheme,
+                           "mp": None if mp_cfg is None else vars(mp_cfg), "servers": servers})
     log = CsvLog(csv_path, append=resume) if (csv_path and comm.rank == 0) else None
     steps: dict[str, list] = {}
     results = []
@@ -356,7 +553,8 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           clip=clip, seed=seed, memory=not no_memory,
                           checkpoint=None if checkpoint_dir is None else
                           (checkpoint_dir if len(schemes) == 1 else str(Path(checkpoint_dir) / s)),
-                          resume=resume, scheme_options={k: v for k, v in per_scheme[s].items()})
+                          resume=resume, scheme_options={k: v for k, v in per_scheme[s].items()},
+                          diagnostics=diagnostics)
         steps[s] = []
 
         def step_log(rec, _s=s):
@@ -366,7 +564,19 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
 
         if comm.rank == 0:
             click.echo(f"\n{s}: {model} on {data}, W={comm.size}, density {density:g}, {epochs} epochs")
-        res = run_training(comm, cfg, progress=_train_progress(comm), step_log=step_log if comm.rank == 0 else None)
+        if mp_cfg is not None:
+            from .mp import run_mp_training
+
+            res = run_mp_training(comm, cfg, mp_cfg, progress=_train_progress(comm),
+                                  step_log=step_log if comm.rank == 0 else None)
+        elif SCHEMES[s].family == "ps":
+            from .ps.train import run_ps_training
+
+            res = run_ps_training(comm, cfg, servers=servers, progress=_train_progress(comm),
+                                  step_log=step_log if comm.rank == 0 else None)
+        else:
+            res = run_training(comm, cfg, progress=_train_progress(comm),
+                               step_log=step_log if comm.rank == 0 else None)
         results.append(res)
         if comm.rank == 0:
             final = res["metrics"]["final"]
@@ -379,12 +589,21 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                 extra["test accuracy"] = f"{100 * final['test_accuracy']:.2f}%"
             if "test_perplexity" in final:
                 extra["test perplexity"] = f"{final['test_perplexity']:.2f}"
+            if "mp" in res:
+                from .mp.report import mp_summary
+
+                extra.update(mp_summary(res))
             click.echo(format_table(
                 f"{s}: per-phase time per step (ms), {res['n']:,} parameters",
                 {**{k: {"mean": res["phases_mean_over_ranks"].get(k, 0.0), "max": res["phases"].get(k, 0.0)}
-                    for k in TRAIN_PHASES if k != "wait" or k in res["phases"]},
+                    for k in (TRAIN_PHASES if "ps_mode" not in res else tuple(res["phases"]))
+                    if k in res["phases"] or ("mp" not in res and k not in _OPTIONAL_TRAIN_PHASES)},
                  "step": {"mean": res["step_seconds_mean_over_ranks"], "max": res["step_seconds"]}},
                 extra))
+            if "ps_mode" in res:
+                from .ps.results import format_ps_report
+
+                click.echo(format_ps_report(res))
     if comm.rank == 0:
         if len(results) > 1:
             click.echo("\n" + format_train_comparison(results))
@@ -445,6 +664,20 @@ def _progress(comm, label: str):
         click.echo(f"\r{label} {done}/{total}", err=True, nl=done == total)
 
     return report
+
+
+from .jobs import jobs  # noqa: E402  (SLURM job scripts; imports no MPI)
+
+cli.add_command(jobs)
+
+from .bench.commands import bench_exchange, bench_scaling  # noqa: E402  (use the helpers above)
+
+bench.add_command(bench_exchange)
+bench.add_command(bench_scaling)
+
+from .reproduce.command import reproduce  # noqa: E402  (the seed papers' claims, one command each)
+
+cli.add_command(reproduce)
 
 
 # --------------------------------------------------------------------------- entry point

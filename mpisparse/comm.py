@@ -10,8 +10,13 @@ Every scheme exchanges data through a :class:`Communicator`, which
 * refuses dtypes that MPI cannot reduce correctly (bfloat16 passes through
   mpi4py as raw bytes: Open MPI silently returns garbage for a sum);
 * synchronises the device stream before any MPI call on a device buffer and
-  decides, once, whether device buffers go to MPI directly (CUDA-aware MPI)
-  or are staged through host buffers that are reused across calls;
+  decides, once, whether device buffers go to MPI directly (CUDA-aware MPI,
+  confirmed by a run-time probe: :func:`decide_cuda_aware_how`) or are
+  staged through pinned host buffers that are reused across calls; receive
+  buffers of a device input are device arrays; a non-blocking operation is
+  never issued on a device buffer under Open MPI (it is staged instead);
+* finds the ranks of one host (:meth:`Communicator.split_shared`,
+  :meth:`Communicator.local_rank`), which pick their GPU (:mod:`mpisparse.device`);
 * in debug mode (``check=True``, the CLI's ``--check-collectives``) first
   compares every collective's counts and dtypes across ranks and raises
   :class:`CollectiveMismatch` on *every* rank, naming both sides, instead of
@@ -80,26 +85,59 @@ def check_dtype(x: Any, *, reduce: bool) -> None:
         )
 
 
-def decide_cuda_aware(override: bool | None = None) -> bool:
-    """Whether device buffers may be handed to MPI directly.
-
-    Decided once per communicator: an explicit ``override`` wins, then the
-    environment variable ``MPISPARSE_CUDA_AWARE`` (``0``/``1``), then the MPI
-    library's own answer (``MPIX_Query_cuda_support`` where mpi4py exposes
-    it); otherwise False, and device buffers are staged through host memory.
-    """
-    if override is not None:
-        return bool(override)
-    env = os.environ.get("MPISPARSE_CUDA_AWARE")
-    if env is not None:
-        return env.strip().lower() in ("1", "true", "yes", "on")
+def library_cuda_support() -> bool | None:
+    """The MPI library's ``MPIX_Query_cuda_support()`` (Open MPI, MPICH >= 4), or None if it has none."""
     from mpi4py import MPI
 
     query = getattr(MPI, "Query_cuda_support", None)
     try:
-        return bool(query()) if query is not None else False
+        if query is not None:
+            return bool(query())
+        import ctypes
+
+        fn = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support  # resolved through mpi4py's libmpi
     except Exception:  # an MPI without the extension
-        return False
+        return None
+    fn.restype, fn.argtypes = ctypes.c_int, []
+    return bool(fn())
+
+
+def decide_cuda_aware(override: bool | None = None, mpi_comm=None) -> bool:
+    """Whether device buffers may be handed to MPI directly (see :func:`decide_cuda_aware_how`)."""
+    return decide_cuda_aware_how(override, mpi_comm)[0]
+
+
+def decide_cuda_aware_how(override: bool | None = None, mpi_comm=None, *, library=library_cuda_support,
+                          have_gpu=None, probe=None) -> tuple[bool, str]:
+    """``(cuda_aware, how it was decided)``, decided once per communicator.
+
+    An explicit ``override`` wins (``--cuda-aware/--no-cuda-aware``), then the
+    environment variable ``MPISPARSE_CUDA_AWARE`` (``0``/``1``).  Otherwise
+    the MPI library is asked (``MPIX_Query_cuda_support``): a library that
+    says no, or cannot say, gets host staging (handing it a device pointer
+    could crash).  A library that says yes is checked at run time when every
+    rank of ``mpi_comm`` has CuPy and a GPU: :func:`mpisparse.device.probe_cuda_aware`
+    sends device buffers through it and compares (collective on ``mpi_comm``;
+    ``have_gpu`` and ``probe`` can be injected for tests).
+    """
+    if override is not None:
+        return bool(override), "override"
+    env = os.environ.get("MPISPARSE_CUDA_AWARE")
+    if env is not None:
+        return env.strip().lower() in ("1", "true", "yes", "on"), "MPISPARSE_CUDA_AWARE"
+    lib = library()
+    if not lib:
+        return False, "library: no" if lib is False else "library: cannot tell"
+    if mpi_comm is None:
+        return True, "library: yes"
+    from . import device
+
+    direct = Communicator(mpi_comm, cuda_aware=True)  # the probe's own stats, never the caller's
+    mine = (have_gpu or device.gpu_count)() > 0
+    if not direct.allreduce(np.array([int(mine)], np.int32), op="min")[0]:
+        return True, "library: yes (not probed: a rank has no GPU)"
+    ok = (probe or device.probe_cuda_aware)(direct)
+    return ok, "probe: device buffers arrived intact" if ok else "probe: device buffers arrived wrong"
 
 
 class Communicator:
@@ -123,9 +161,14 @@ class Communicator:
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self.check = bool(check)
-        self.cuda_aware = decide_cuda_aware(cuda_aware)
+        self.cuda_aware, self.cuda_aware_how = decide_cuda_aware_how(cuda_aware, self.comm)
         self.stats: dict[str, CallStats] = {}
+        # host staging buffers (pinned), one per role, grown as needed and reused across calls
         self._host_buffers: dict[tuple, np.ndarray] = {}
+        self.staging_allocations = 0
+        # Open MPI's non-blocking operations must never see a device buffer
+        self.open_mpi = "Open MPI" in MPI.Get_library_version()
+        self._local: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ stats
     @property
@@ -189,15 +232,32 @@ class Communicator:
         if self.cuda_aware:
             yield x
             return
-        key = (tuple(x.shape), np.dtype(x.dtype).str, read, write)
-        host = self._host_buffers.get(key)
-        if host is None:
-            host = self._host_buffers[key] = _pinned_empty(x.shape, x.dtype)
+        host = self._staging(x, (read, write))
         if read:
             x.get(out=host)
         yield host
         if write:
-            x.set(host)
+            x.set(host)  # its next use starts with a stream synchronisation, so reuse is safe
+
+    def _staging(self, x: Any, role: tuple) -> np.ndarray:
+        """A host buffer shaped like ``x`` for ``role`` (read, write), reused across calls.
+
+        One pinned byte buffer per role, grown geometrically when a call needs
+        more (so varying Allgatherv counts do not allocate every step), viewed
+        with ``x``'s shape and dtype.
+        """
+        dt = np.dtype(x.dtype)
+        nbytes = int(np.prod(x.shape, dtype=np.int64)) * dt.itemsize
+        buf = self._host_buffers.get(role)
+        if buf is None or buf.size < nbytes:
+            size = max(nbytes, 2 * buf.size if buf is not None else 0, 4096)
+            buf = self._host_buffers[role] = _pinned_empty((size,), np.uint8)
+            self.staging_allocations += 1
+        return buf[:nbytes].view(dt).reshape(x.shape)
+
+    def _recv_buffer(self, like: Any, count: int):
+        """A receive buffer of ``count`` elements of ``like``'s dtype, on ``like``'s side (host or device)."""
+        return backend.array_module(like).empty(int(count), dtype=like.dtype)
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, x, out=None, *, op: str = "sum"):
@@ -257,10 +317,10 @@ class Communicator:
         itemsize = np.dtype(x.dtype).itemsize
         displs = np.zeros_like(counts)
         np.cumsum(counts[:-1], out=displs[1:])
-        recv = np.empty(int(counts.sum()), dtype=x.dtype)
+        recv = self._recv_buffer(x, counts.sum())  # on the device for a device x
         with self._timed("allgatherv", self.ring_allgather_bytes(counts * itemsize)):
-            with self._mpi_buffer(x) as s:
-                self.comm.Allgatherv(s, [recv, (counts, displs)])
+            with self._mpi_buffer(x) as s, self._mpi_buffer(recv, read=False, write=True) as r:
+                self.comm.Allgatherv(s, [r, (counts, displs)])
         return recv, counts
 
     def alltoallv(self, x, sendcounts: Sequence[int]):
@@ -281,12 +341,12 @@ class Communicator:
         self._agree("alltoallv", (dtype_name(x),), lambda s: f"dtype {s[0]}")
         sdispl = np.concatenate(([0], np.cumsum(sendcounts)[:-1]))
         rdispl = np.concatenate(([0], np.cumsum(recvcounts)[:-1]))
-        recv = np.empty(int(recvcounts.sum()), dtype=x.dtype)
+        recv = self._recv_buffer(x, recvcounts.sum())
         itemsize = np.dtype(x.dtype).itemsize
         sent = (int(sendcounts.sum()) - int(sendcounts[self.rank])) * itemsize
         with self._timed("alltoallv", sent):
-            with self._mpi_buffer(x) as s:
-                self.comm.Alltoallv([s, (sendcounts, sdispl)], [recv, (recvcounts, rdispl)])
+            with self._mpi_buffer(x) as s, self._mpi_buffer(recv, read=False, write=True) as r:
+                self.comm.Alltoallv([s, (sendcounts, sdispl)], [r, (recvcounts, rdispl)])
         return recv, recvcounts
 
     def send(self, x, dest: int, tag: int = 0) -> None:
@@ -294,6 +354,30 @@ class Communicator:
         with self._timed("send", int(x.size) * np.dtype(x.dtype).itemsize):
             with self._mpi_buffer(x) as b:
                 self.comm.Send(b, dest=dest, tag=tag)
+
+    def isend(self, x, dest: int, tag: int = 0):
+        """Start sending ``x`` to ``dest`` without waiting; returns the pending request.
+
+        Counted like :meth:`send` (its buffer) when posted.  ``x`` must stay
+        unchanged until :meth:`waitall` completed the request (a device
+        buffer is copied to the host first, and the copy is kept).  A
+        parameter server replies with it, so it never blocks on a worker.
+        """
+        check_dtype(x, reduce=False)
+        buf = x
+        if backend.is_device_array(x):
+            backend.synchronize(x)
+            # never a non-blocking operation on a device buffer under Open MPI: stage it
+            buf = x if self.cuda_aware and not self.open_mpi else x.get()
+        with self._timed("isend", int(x.size) * np.dtype(x.dtype).itemsize):
+            req = self.comm.Isend(buf, dest=dest, tag=tag)
+        return _Pending(req, buf)
+
+    def waitall(self, pending: Sequence[Any]) -> None:
+        """Complete requests returned by :meth:`isend`."""
+        if pending:
+            with self._timed("waitall", 0):
+                self._MPI.Request.Waitall([p.request for p in pending])
 
     def recv(self, x, source: int | None = None, tag: int | None = None) -> tuple[int, int, int]:
         """Receive into ``x``; returns ``(source, tag, elements received)``."""
@@ -307,6 +391,38 @@ class Communicator:
         count = status.Get_count(MPI._typedict[np.dtype(x.dtype).char])
         return status.Get_source(), status.Get_tag(), count
 
+    def probe(self, source: int | None = None, tag: int | None = None) -> tuple[int, int, int]:
+        """Wait until a message (from ``source`` with ``tag``; any when None) can be received.
+
+        Returns ``(source, tag, bytes)`` of that message without receiving it,
+        so the receiver can size its buffer (messages of varying length) and a
+        caller can time the waiting apart from the transfer.  Sends nothing.
+        """
+        MPI = self._MPI
+        status = MPI.Status()
+        with self._timed("probe", 0):
+            self.comm.Probe(source=MPI.ANY_SOURCE if source is None else source,
+                            tag=MPI.ANY_TAG if tag is None else tag, status=status)
+        return status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+
+    def iprobe(self, source: int | None = None, tag: int | None = None) -> tuple[int, int, int] | None:
+        """:meth:`probe` without waiting: ``(source, tag, bytes)``, or None when no message is there."""
+        MPI = self._MPI
+        status = MPI.Status()
+        with self._timed("iprobe", 0):
+            found = self.comm.Iprobe(source=MPI.ANY_SOURCE if source is None else source,
+                                     tag=MPI.ANY_TAG if tag is None else tag, status=status)
+        if not found:
+            return None
+        return status.Get_source(), status.Get_tag(), status.Get_count(MPI.BYTE)
+
+    def test_all(self, pending: Sequence[Any]) -> bool:
+        """Whether every request returned by :meth:`isend` has completed (completes them if so)."""
+        if not pending:
+            return True
+        with self._timed("testall", 0):
+            return bool(self._MPI.Request.Testall([p.request for p in pending]))
+
     def sendrecv(self, x, peer: int, *, tag: int = 0):
         """Exchange 1-D arrays of any lengths with ``peer`` (counts first).
 
@@ -319,10 +435,10 @@ class Communicator:
         theirs = np.empty(1, dtype=_COUNT_DTYPE)
         with self._timed("sendrecv_counts", 8):
             self.comm.Sendrecv(mine, dest=peer, sendtag=tag, recvbuf=theirs, source=peer, recvtag=tag)
-        recv = np.empty(int(theirs[0]), dtype=x.dtype)
+        recv = self._recv_buffer(x, theirs[0])
         with self._timed("sendrecv", int(x.size) * np.dtype(x.dtype).itemsize):
-            with self._mpi_buffer(x) as s:
-                self.comm.Sendrecv(s, dest=peer, sendtag=tag + 1, recvbuf=recv, source=peer,
+            with self._mpi_buffer(x) as s, self._mpi_buffer(recv, read=False, write=True) as r:
+                self.comm.Sendrecv(s, dest=peer, sendtag=tag + 1, recvbuf=r, source=peer,
                                    recvtag=tag + 1)
         return recv
 
@@ -342,8 +458,32 @@ class Communicator:
         sub = self.comm.Split(color, self.rank if key is None else key)
         return Communicator(sub, check=self.check, cuda_aware=self.cuda_aware)
 
+    def split_shared(self) -> "Communicator":
+        """The ranks that share this rank's memory (one host): ``MPI.COMM_TYPE_SHARED``, ordered by rank."""
+        sub = self.comm.Split_type(self._MPI.COMM_TYPE_SHARED, key=self.rank)
+        return Communicator(sub, check=self.check, cuda_aware=self.cuda_aware)
+
+    def local_rank(self) -> tuple[int, int]:
+        """``(rank among the ranks on this host, ranks on this host)``; collective on first call."""
+        if self._local is None:
+            local = self.split_shared()
+            self._local = (local.rank, local.size)
+            local.comm.Free()
+        return self._local
+
+    def processor_name(self) -> str:
+        return self._MPI.Get_processor_name()
+
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)
+
+
+@dataclass
+class _Pending:
+    """A started non-blocking send and the buffer it reads (kept alive until completed)."""
+
+    request: Any
+    buffer: Any
 
 
 def _pinned_empty(shape, dtype) -> np.ndarray:
@@ -354,5 +494,5 @@ def _pinned_empty(shape, dtype) -> np.ndarray:
         nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
         mem = cupy.cuda.alloc_pinned_memory(nbytes)
         return np.frombuffer(mem, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-    except ImportError:
+    except Exception:  # no CuPy, or CuPy without a driver/device
         return np.empty(shape, dtype=dtype)

@@ -16,15 +16,9 @@ def _version(dist: str) -> str:
 
 def gpus_seen() -> list[str]:
     """Names of the CUDA devices this process sees (empty without CuPy or a GPU)."""
-    try:
-        import cupy
-    except ImportError:
-        return []
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-        return [cupy.cuda.runtime.getDeviceProperties(i)["name"].decode() for i in range(n)]
-    except Exception:  # CuPy without a driver
-        return []
+    from .device import gpu_names
+
+    return gpu_names()
 
 
 def collect_info(comm) -> dict[str, Any]:
@@ -32,16 +26,23 @@ def collect_info(comm) -> dict[str, Any]:
     import mpi4py
     import numpy
 
+    from .device import assign_device, current_assignment
+
+    mine = current_assignment() or assign_device(comm, use=False)  # collective when not assigned yet
     ranks = comm.allgather_obj({"rank": comm.rank, "host": MPI.Get_processor_name(),
-                                "gpus": gpus_seen()})
+                                "gpus": gpus_seen(), "local_rank": mine.local_rank,
+                                "device": mine.device, "device_name": mine.device_name,
+                                "cuda_visible_devices": mine.visible})
     return {
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
         "mpi_standard": "%d.%d" % MPI.Get_version(),
         "mpi4py": mpi4py.__version__,
         "world_size": comm.size,
         "cuda_aware": comm.cuda_aware,
+        "cuda_aware_how": getattr(comm, "cuda_aware_how", "unknown"),
         "numpy": numpy.__version__,
-        "cupy": _version("cupy") if _version("cupy") != "not installed" else _version("cupy-cuda12x"),
+        "cupy": next((v for v in map(_version, ("cupy", "cupy-cuda12x", "cupy-cuda13x", "cupy-cuda11x"))
+                      if v != "not installed"), "not installed"),
         "torch": _version("torch"),
         "python": platform.python_version(),
         "ranks": ranks,
@@ -54,7 +55,8 @@ def format_info(r: dict[str, Any]) -> str:
         f"MPI standard     {r['mpi_standard']}",
         f"mpi4py           {r['mpi4py']}",
         f"world size       {r['world_size']}",
-        f"CUDA-aware MPI   {'yes' if r['cuda_aware'] else 'no (device buffers staged through host memory)'}",
+        f"CUDA-aware MPI   {'yes' if r['cuda_aware'] else 'no (device buffers staged through host memory)'}"
+        f" [{r.get('cuda_aware_how', 'unknown')}]",
         f"numpy            {r['numpy']}",
         f"cupy             {r['cupy']}",
         f"torch            {r['torch']}",
@@ -62,5 +64,7 @@ def format_info(r: dict[str, Any]) -> str:
         "ranks:",
     ]
     for x in r["ranks"]:
-        lines.append(f"  rank {x['rank']:<4} host {x['host']:<24} GPUs: {', '.join(x['gpus']) or 'none'}")
+        dev = "none" if x.get("device") is None else f"{x['device']} ({x['device_name']})"
+        lines.append(f"  rank {x['rank']:<4} host {x['host']:<24} local rank {x.get('local_rank', '?'):<3} "
+                     f"device {dev:<28} GPUs seen: {', '.join(x['gpus']) or 'none'}")
     return "\n".join(lines)

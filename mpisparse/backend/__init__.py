@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-_KERNEL_MODULES = {"numpy": "mpisparse.backend.numpy_kernels"}
+_KERNEL_MODULES = {"numpy": "mpisparse.backend.numpy_kernels", "cupy": "mpisparse.backend.cupy_kernels"}
 
 
 def is_device_array(x: Any) -> bool:

@@ -13,6 +13,9 @@
   512 channels (strides 1, 2, 2, 2; 1x1 conv + BatchNorm projection
   shortcuts), BatchNorm, global average pool, fc.  11,173,962 parameters for
   3 input channels and 10 classes; 32x32 inputs end at 4x4, 8x8 at 1x1.
+* ``dlrm`` -- the dense part of a DLRM as in seed 000 Sec. 3.1: bottom MLP
+  (FC + ReLU, 512-256-64-16), top MLP (512-256-128-classes), see
+  :mod:`mpisparse.models.dlrm` (``bottom``/``top`` set the widths).
 * ``lstm`` -- word language model: Embedding(vocab, 200) -> 2-layer LSTM
   (200 units) -> Linear(200, vocab); ``forward(x, hidden=None)`` returns
   ``(logits (bptt, batch, vocab), hidden)``.  ``num_classes`` is the vocabulary size.
@@ -28,10 +31,12 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["NETS", "build_model", "needs_image", "is_lm", "MLP", "SmallCNN", "ResNet18",
-           "BasicBlock", "LSTMLM", "detach_hidden"]
+from .dlrm import DLRM
 
-NETS = {"mlp", "cnn", "resnet18", "lstm"}
+__all__ = ["NETS", "build_model", "needs_image", "is_lm", "MLP", "SmallCNN", "ResNet18",
+           "BasicBlock", "LSTMLM", "DLRM", "detach_hidden"]
+
+NETS = {"mlp", "cnn", "resnet18", "lstm", "dlrm"}
 _IMAGE_NETS = {"cnn", "resnet18"}
 _LM_NETS = {"lstm"}
 
@@ -184,7 +189,7 @@ class LSTMLM(nn.Module):
 def build_model(name: str, *, input_shape: tuple, num_classes: int, **kw) -> nn.Module:
     """Build model ``name`` for samples of ``input_shape`` and ``num_classes`` outputs.
 
-    Keywords: ``mlp``: ``hidden=128``; ``lstm``: ``emb=200``, ``hidden=200``,
+    Keywords: ``mlp``: ``hidden=128``; ``dlrm``: ``bottom``, ``top``; ``lstm``: ``emb=200``, ``hidden=200``,
     ``layers=2``, ``dropout=0.0``; ``cnn`` and ``resnet18`` take none.
     Image models need ``input_shape == (C, H, W)``; ``lstm`` needs
     ``input_shape == ()`` (a token stream) and takes ``num_classes`` as the
@@ -203,6 +208,8 @@ def build_model(name: str, *, input_shape: tuple, num_classes: int, **kw) -> nn.
         raise ValueError(f"model {name!r} is a classifier: it cannot take a token-stream dataset")
     if name == "mlp":
         return MLP(math.prod(input_shape), num_classes, **kw)
+    if name == "dlrm":
+        return DLRM(math.prod(input_shape), num_classes, **kw)
     if len(input_shape) != 3:
         raise ValueError(f"model {name!r} needs (C, H, W) inputs, got input_shape {input_shape}; "
                          f"load the dataset with image=True")

@@ -55,8 +55,9 @@ def scheme_class(name: str) -> type["Scheme"]:
 class SchemeOption:
     """A scheme's own command-line option (``--name``), declared once.
 
-    ``kind`` is ``int``, ``float`` or ``bool`` (a flag).  ``low``/``high``
-    bound numeric values (inclusive unless ``low_open``).
+    ``kind`` is ``int``, ``float`` or ``bool`` (a flag), or ``str`` with
+    ``choices`` (the allowed values).  ``low``/``high`` bound numeric values
+    (inclusive unless ``low_open``).
     """
 
     name: str
@@ -66,6 +67,7 @@ class SchemeOption:
     low: float | None = None
     high: float | None = None
     low_open: bool = False
+    choices: tuple[str, ...] | None = None
 
     @property
     def flag(self) -> str:
@@ -73,6 +75,10 @@ class SchemeOption:
 
     def validate(self, value: Any) -> Any:
         if value is None or self.kind is bool:
+            return value
+        if self.choices is not None:
+            if value not in self.choices:
+                raise ValueError(f"{self.flag} is {value!r}; allowed values are {', '.join(self.choices)}")
             return value
         try:
             value = self.kind(value)

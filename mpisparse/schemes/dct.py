@@ -231,9 +231,13 @@ class DCT(SparseGatherScheme):
     def diagnostics(self) -> dict[str, float]:
         d = super().diagnostics()
         d["tau_recomputed"] = float(self.recomputed)
-        # this rank's own density (before the union over ranks), mean over ranks
-        mine = self.comm.allreduce(np.array([self.local_count / self.n]))
+        # this rank's own density (before the union over ranks) and, for seed 000 Fig. 2, the
+        # threshold of the largest layer in use at this step; both means over ranks
+        big = int(np.argmax(self.layout.sizes)) if len(self.layout) else 0
+        tau = 0.0 if not self.taus else float(self.taus[big])
+        mine = self.comm.allreduce(np.array([self.local_count / self.n, tau]))
         d["dct_local_density"] = float(mine[0]) / self.comm.size
+        d["tau_largest_layer"] = float(mine[1]) / self.comm.size
         return d
 
     def _extra_state(self) -> dict[str, Any]:

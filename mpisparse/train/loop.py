@@ -50,6 +50,8 @@ class TrainConfig:
     checkpoint: str | None = None
     resume: bool = False
     scheme_options: dict[str, Any] = field(default_factory=dict)
+    #: per-step ``Scheme.diagnostics()`` into the result (``--diagnostics``; extra communication, untimed)
+    diagnostics: bool = False
 
 
 class _Signals:
@@ -194,6 +196,7 @@ def run_training(comm, cfg: TrainConfig, *, progress: Callable[[str], None] | No
 
     step_bytes: list[int] = []
     selected: list[float] = []
+    diags: list[dict[str, float]] = []
     t_start = time.perf_counter() - wall_offset
     hidden = None
     with _Signals() as signals:
@@ -219,6 +222,8 @@ def run_training(comm, cfg: TrainConfig, *, progress: Callable[[str], None] | No
                             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
                     stepped = dopt.step()
                 nbytes = comm.bytes_sent - before
+                if cfg.diagnostics and stepped:  # every rank agrees on stepped; outside the timed step
+                    diags.append({"iteration": dopt.steps + dopt.skipped_steps, **dopt.scheme.diagnostics()})
                 step_bytes.append(nbytes)
                 density = dopt.scheme.selected_global() / dopt.layout.n if stepped else 0.0
                 if stepped:
@@ -257,7 +262,7 @@ def run_training(comm, cfg: TrainConfig, *, progress: Callable[[str], None] | No
     per_rank = comm.allgather_obj({"bytes": float(np.mean(step_bytes)) if step_bytes else 0.0})
     step = phases.pop("step", {"mean": 0.0, "max": 0.0})
     final = dict(history[-1]) if history else {}
-    return {
+    result = {
         "scheme": cfg.scheme,
         "world_size": W,
         "density_target": cfg.density,
@@ -272,6 +277,12 @@ def run_training(comm, cfg: TrainConfig, *, progress: Callable[[str], None] | No
         "config": {**asdict(cfg), **{f"scheme.{k}": v for k, v in dopt.scheme.opts.items()}},
         "metrics": {"final": final, "per_epoch": history},
     }
+    if cfg.diagnostics:  # the layout of bench step's diagnostics (mpisparse.bench.step)
+        keys = sorted({k for d in diags for k in d if k != "iteration"})
+        result["diagnostics"] = {"density_per_step": list(selected),
+                                 "mean": {k: float(np.mean([d[k] for d in diags if k in d])) for k in keys},
+                                 "per_step": diags}
+    return result
 
 
 def _epoch_line(r: dict[str, Any], epochs: int) -> str:

@@ -1,0 +1,581 @@
+"""GPU (CuPy) selection kernels: the NumPy kernels' API and results on device arrays.
+
+:func:`mpisparse.backend.kernels` picks this module for CuPy arrays (and for
+torch CUDA tensors, which :func:`mpisparse.backend.as_array` views as CuPy
+arrays through DLPack without a copy).  Every function has the name, the
+arguments and the result of its counterpart in
+:mod:`mpisparse.backend.numpy_kernels`, with two documented differences:
+index arrays come back in no particular order (the NumPy kernels' are
+ascending for ``threshold_select`` and ``randomk``), and the top-k kernels
+rank NaN as the largest magnitude on every path (keys, below).  CuPy is
+imported on first use only, so this module imports on a machine without it;
+calling a kernel there raises :class:`RuntimeError` ("no GPU/CuPy available").
+
+The CUDA C sources live in ``mpisparse/backend/cuda/*.cu`` (loaded with
+:mod:`importlib.resources`, compiled once per device by NVRTC through
+``cupy.RawModule``).
+
+How the kernels work
+--------------------
+*Magnitude keys.*  The bits of ``|v|`` (sign bit cleared) read as an
+unsigned integer order like ``|v|``; radix passes work on these keys.
+
+``threshold_select`` is one fused pass (``select_ge``): each thread loads 4
+elements (coalesced, independent loads in flight), compares ``|x| >= t``,
+and the hits of a warp get consecutive output slots from one
+``atomicAdd`` on a global counter (warp-aggregated: ballot, popcount,
+shuffle of the base).  Indices (and, for :func:`threshold_select_values`,
+values) are written in that pass.  The output is sized from the previous
+call's count for the same ``n``; in the rare case it was too small the count
+is exact after the pass, and the pass runs once more.
+
+``topk_abs`` is exact (exactly ``k`` distinct indices, ties included):
+
+1. ``auto`` (large ``n``, ``k <= n/4``), as in the NumPy kernel: the ``r``-th
+   largest key of a hashed random sample (``r`` = expected sampled top-k
+   count + 4 sigma + 4, sorted on the device) is a threshold a little below
+   the true k-th magnitude; one pass collects the candidates ``key >= t``
+   (indices and keys, warp-aggregated as above); if there are at least ``k``
+   (and no more than the buffer) the top ``k`` of the candidates are the
+   answer (step 3).  Too few: the rank is raised and the pass retried (at
+   most :data:`MAX_RETRIES`); far too many (e.g. mostly zeros): step 2.
+2. ``radix``: a 12-bit digit histogram of the keys (shared-memory bins,
+   merged with global atomics), one block finds the bin that holds the k-th
+   largest key, and a split pass appends every index whose digit is above
+   that bin to the output and collects the bin's own entries as candidates.
+   Two reads of ``x``, one device-to-host read of three numbers.
+3. Resolving ``need`` winners among ``c`` candidate keys: all of them when
+   ``c == need``; a device sort of the keys when ``c <=``
+   :data:`SORT_LIMIT`; otherwise the next 12-bit digit (radix passes on the
+   candidate arrays); when the digits are used up the remaining keys are
+   all equal and any ``need`` of them complete the top k.
+
+``estimate_threshold`` gathers the keys at ``m`` hashed random positions and
+returns the ``round(k m / n)``-th largest (radix select); ``randomk`` draws on
+the host with the NumPy kernel (so every rank, CPU or GPU, gets the same set
+from the same generator) and copies the ``k`` indices to the device;
+``rowwise_topk_mask`` runs one block per row (8-bit radix passes in shared
+memory, ties taken in index order), see ``cuda/rowwise.cu``.
+
+Helpers for the sparse exchanges (no NumPy counterpart in the kernel API):
+:func:`scatter_sum` (the contract of :func:`mpisparse.schemes.base.scatter_sum`,
+block by block without atomics, so the float sums equal NumPy's),
+:func:`scatter_add` (atomic, duplicates allowed), :func:`gather_clear` (take
+the sent values out of an error-feedback memory in one pass) and
+:func:`copy_bandwidth` (the yardstick of ``bench select --backend cupy``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from importlib import resources
+
+import numpy as np
+
+from . import numpy_kernels as _nk
+
+__all__ = [
+    "topk_abs",
+    "threshold_select",
+    "threshold_select_values",
+    "estimate_threshold",
+    "randomk",
+    "rowwise_topk_mask",
+    "index_dtype",
+    "scatter_sum",
+    "scatter_add",
+    "gather_clear",
+    "copy_bandwidth",
+    "available",
+    "KERNEL_SOURCES",
+]
+
+#: The CUDA C sources of this backend (in ``mpisparse/backend/cuda``).
+KERNEL_SOURCES = ("select.cu", "rowwise.cu", "scatter.cu")
+
+#: Threads per block of the element-wise kernels (a multiple of 32).
+BLOCK = 256
+#: Blocks per SM at most for the grid-stride loops.
+BLOCKS_PER_SM = 8
+#: Candidate sets up to this size are resolved by one device sort.
+SORT_LIMIT = 1 << 20
+#: As in the NumPy kernel: small inputs and large k go straight to the radix path.
+SMALL_N = _nk.SMALL_N
+DENSE_FRACTION = _nk.DENSE_FRACTION
+MAX_RETRIES = _nk.MAX_RETRIES
+_RADIX_BINS = 4096
+_SHIFTS = {4: (19, 7, 0), 8: (51, 39, 27, 15, 3, 0)}  # 12-bit digits of 31 / 63 key bits
+_METHODS = ("auto", "sample", "radix")
+
+_modules: dict[tuple, object] = {}  # (module, device[, kernel]) -> RawModule / kernel
+_sm_count: dict[int, int] = {}
+_cap_hint: dict[int, int] = {}
+
+index_dtype = _nk.index_dtype
+
+
+# --------------------------------------------------------------------------
+# CuPy, sources, launch geometry
+# --------------------------------------------------------------------------
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:  # the CPU-only install
+        raise RuntimeError(
+            "no GPU/CuPy available: the cupy backend needs CuPy (pip install cupy-cuda12x) "
+            "and a CUDA device"
+        ) from e
+    return cupy
+
+
+def available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, no device
+        return False
+
+
+def kernel_source(name: str) -> str:
+    """The CUDA C text of ``cuda/<name>`` with ``common.cuh`` inlined (what NVRTC compiles)."""
+    base = resources.files("mpisparse.backend") / "cuda"
+    text = (base / name).read_text()
+    common = (base / "common.cuh").read_text()
+    return text.replace('#include "common.cuh"', common)
+
+
+def _kernel(module: str, name: str):
+    """The compiled kernel ``name`` of ``cuda/<module>`` on the current device (compiled once, cached)."""
+    cp = _cupy()
+    dev = cp.cuda.runtime.getDevice()
+    fn = _modules.get((module, dev, name))
+    if fn is None:
+        mod = _modules.get((module, dev))
+        if mod is None:
+            mod = _modules[(module, dev)] = cp.RawModule(code=kernel_source(module), options=("--std=c++14",))
+        fn = _modules[(module, dev, name)] = mod.get_function(name)
+    return fn
+
+
+def _grid(n: int, per_thread: int = 1) -> tuple[int]:
+    cp = _cupy()
+    dev = cp.cuda.runtime.getDevice()
+    sms = _sm_count.get(dev)
+    if sms is None:
+        sms = _sm_count[dev] = int(cp.cuda.Device(dev).attributes["MultiProcessorCount"])
+    blocks = -(-max(int(n), 1) // (BLOCK * per_thread))
+    return (max(1, min(blocks, sms * BLOCKS_PER_SM)),)
+
+
+def _tn(dtype) -> str:
+    return {4: "f32", 8: "f64"}[np.dtype(dtype).itemsize]
+
+
+def _in(idt) -> str:
+    return {4: "i32", 8: "i64"}[np.dtype(idt).itemsize]
+
+
+def _key_dtype(dtype):
+    return np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint64
+
+
+_NULL = np.uint64(0)
+
+
+# --------------------------------------------------------------------------
+# argument checks (the NumPy kernels' messages)
+# --------------------------------------------------------------------------
+
+
+def _as_1d_float(x):
+    cp = _cupy()
+    x = cp.asarray(x)  # CuPy arrays as they are; CAI objects (torch CUDA) zero-copy; host arrays copied
+    if x.ndim != 1:
+        raise ValueError(f"expected a 1-D array, got shape {x.shape}")
+    if x.dtype.kind != "f":
+        if x.dtype.kind in "biu":
+            x = x.astype(np.float64)
+        else:
+            raise TypeError(f"expected a real floating-point array, got dtype {x.dtype}")
+    return x
+
+
+def _work(x):
+    """What the kernels read: contiguous float32 or float64 (float16 widened exactly)."""
+    cp = _cupy()
+    if x.dtype == np.float16:
+        x = x.astype(np.float32)
+    elif x.dtype.itemsize > 8:
+        raise TypeError(f"the GPU kernels handle float16/32/64, got dtype {x.dtype}")
+    return cp.ascontiguousarray(x)
+
+
+def _check_scratch(x, scratch) -> None:
+    """``scratch`` is accepted for API parity; the GPU kernels need none (they allocate no ``|x|``)."""
+    if scratch is None:
+        return
+    cp = _cupy()
+    if not isinstance(scratch, cp.ndarray) or scratch.ndim != 1:
+        raise ValueError("scratch must be a 1-D CuPy array")
+    if scratch.dtype != x.dtype:
+        raise ValueError(f"scratch dtype {scratch.dtype} does not match x dtype {x.dtype}")
+
+
+# --------------------------------------------------------------------------
+# threshold select
+# --------------------------------------------------------------------------
+
+
+def _select_ge(x, t, values: bool):
+    cp = _cupy()
+    n = x.shape[0]
+    idt = index_dtype(n)
+    tc = _nk._ceil_to_dtype(t, x.dtype)  # exact comparison, as the NumPy kernel
+    w = _work(x)
+    tw = w.dtype.type(tc)  # float16 -> float32 is exact
+    kern = _kernel("select.cu", f"select_ge_{_tn(w.dtype)}_{_in(idt)}")
+    cap = min(n, _cap_hint.get(n, max(4096, n // 64)))
+    counter = cp.zeros(1, dtype=np.uint64)
+    for attempt in range(2):
+        idx = cp.empty(cap, dtype=idt)
+        vals = cp.empty(cap, dtype=w.dtype) if values else None
+        if attempt:
+            counter.fill(0)
+        kern(_grid(n, 4), (BLOCK,), (w, np.int64(n), tw, _NULL, idx, _NULL if vals is None else vals,
+                                     counter, np.uint64(cap)))
+        c = int(counter.get()[0])  # the one device-to-host read
+        if c <= cap:
+            break
+        cap = c  # exact now
+    _cap_hint[n] = min(n, int(c * 1.25) + 1024)
+    idx = idx[:c]
+    if values:
+        v = vals[:c] if x.dtype == w.dtype else x[idx]
+        return idx, v
+    return idx, None
+
+
+def threshold_select(x, t, *, scratch=None):
+    """Indices ``i`` with ``|x[i]| >= t``, in no particular order (one fused pass).
+
+    ``t`` is compared exactly (rounded *up* to ``x``'s dtype); ``t <= 0``
+    selects every non-NaN entry, ``t`` NaN nothing.  ``scratch`` is accepted
+    for API parity and not needed.
+    """
+    cp = _cupy()
+    x = _as_1d_float(x)
+    n = x.shape[0]
+    _check_scratch(x, scratch)
+    if n == 0:
+        return cp.empty(0, dtype=index_dtype(n))
+    return _select_ge(x, t, values=False)[0]
+
+
+def threshold_select_values(x, t):
+    """``(indices, values)`` of the entries with ``|x| >= t``, written in the same single pass."""
+    cp = _cupy()
+    x = _as_1d_float(x)
+    n = x.shape[0]
+    if n == 0:
+        return cp.empty(0, dtype=index_dtype(n)), cp.empty(0, dtype=x.dtype)
+    return _select_ge(x, t, values=True)
+
+
+# --------------------------------------------------------------------------
+# exact top-k
+# --------------------------------------------------------------------------
+
+
+class _Radix:
+    """Device buffers and kernels of one radix selection (one dtype, one index dtype)."""
+
+    def __init__(self, dtype, idt):
+        cp = _cupy()
+        self.tn, self.inn = _tn(dtype), _in(idt)
+        self.idt, self.kdt = idt, _key_dtype(dtype)
+        self.shifts = _SHIFTS[np.dtype(dtype).itemsize]
+        self.hist = cp.zeros(_RADIX_BINS, dtype=np.uint64)
+        self.found = cp.zeros(3, dtype=np.uint64)
+        self.find = _kernel("select.cu", "radix_find_bin")
+
+    def _find(self, need: int) -> tuple[int, int]:
+        self.find((1,), (1024,), (self.hist, np.uint64(need), self.found))
+        _, above, c = (int(v) for v in self.found.get())  # sync: sizes the candidate buffers
+        return above, c
+
+    def level_x(self, w, k, out):
+        """First level, from ``x``: winners into ``out[:above]``, the bin's entries as candidates."""
+        cp = _cupy()
+        n = w.shape[0]
+        shift = self.shifts[0]
+        _kernel("select.cu", f"radix_hist_x_{self.tn}")(_grid(n), (BLOCK,), (w, np.int64(n), np.int32(shift),
+                                                                            self.hist))
+        above, c = self._find(k)
+        cand_idx, cand_key = cp.empty(c, dtype=self.idt), cp.empty(c, dtype=self.kdt)
+        n_out, n_cand = cp.zeros(1, dtype=np.uint64), cp.zeros(1, dtype=np.uint64)
+        _kernel("select.cu", f"radix_split_x_{self.tn}_{self.inn}")(
+            _grid(n), (BLOCK,), (w, np.int64(n), np.int32(shift), self.found, out, n_out, cand_idx, cand_key,
+                                 n_cand))
+        return above, cand_key, cand_idx, c
+
+    def resolve(self, out, pos: int, keys, idx, c: int, need: int, shifts) -> None:
+        """Write the ``need`` largest of the ``c`` candidate keys' indices into ``out[pos:pos+need]``."""
+        cp = _cupy()
+        shifts = tuple(shifts)
+        while True:
+            if need == c:  # the whole candidate set belongs to the top k
+                out[pos:pos + need] = idx
+                return
+            if not shifts:  # every digit fixed: the remaining keys are all equal (ties)
+                out[pos:pos + need] = idx[:need]
+                return
+            if c <= SORT_LIMIT:
+                order = cp.argsort(keys)[c - need:]
+                out[pos:pos + need] = idx[order]
+                return
+            shift, shifts = shifts[0], shifts[1:]
+            self.hist.fill(0)
+            _kernel("select.cu", f"radix_hist_k_{self.tn}")(_grid(c), (BLOCK,), (keys, np.int64(c),
+                                                                                np.int32(shift), self.hist))
+            above, c2 = self._find(need)
+            n_out, n_cand = cp.array([pos], dtype=np.uint64), cp.zeros(1, dtype=np.uint64)
+            new_idx, new_key = cp.empty(c2, dtype=self.idt), cp.empty(c2, dtype=self.kdt)
+            _kernel("select.cu", f"radix_split_k_{self.tn}_{self.inn}")(
+                _grid(c), (BLOCK,), (keys, idx, np.int64(c), np.int32(shift), self.found, out, n_out, new_idx,
+                                     new_key, n_cand))
+            pos, need, keys, idx, c = pos + above, need - above, new_key, new_idx, c2
+
+
+def _radix_topk(w, k: int, idt):
+    cp = _cupy()
+    out = cp.empty(k, dtype=idt)
+    rx = _Radix(w.dtype, idt)
+    above, keys, idx, c = rx.level_x(w, k, out)
+    rx.resolve(out, above, keys, idx, c, k - above, rx.shifts[1:])
+    return out
+
+
+def _sampled_topk(w, k: int, idt, rng):
+    cp = _cupy()
+    n = w.shape[0]
+    # Sample sizing exactly as the NumPy kernel (numpy_kernels.topk_abs).
+    m = int(math.ceil(_nk._SAMPLE_HITS * n / k))
+    m = max(_nk._SAMPLE_MIN, min(_nk._SAMPLE_MAX, m))
+    m = max(1, min(m, n // 8))
+    lam = m * k / n
+    r = max(1, int(math.ceil(lam + _nk._MARGIN_SIGMAS * math.sqrt(lam) + _nk._MARGIN_EXTRA)))
+    tn, inn, kdt = _tn(w.dtype), _in(idt), _key_dtype(w.dtype)
+    seed = np.uint64(int(rng.integers(0, 2**63)))
+    samp = cp.empty(m, dtype=kdt)
+    _kernel("select.cu", f"sample_keys_{tn}")(_grid(m), (BLOCK,), (w, np.int64(n), seed, np.int64(m), samp))
+    samp.sort()
+    counter = cp.zeros(1, dtype=np.uint64)
+    kern = _kernel("select.cu", f"select_key_ge_{tn}_{inn}")
+    for _ in range(MAX_RETRIES):
+        if r >= m:
+            break
+        t_key = samp[m - r:m - r + 1]  # the r-th largest sampled key, left on the device
+        cap = min(n, int(math.ceil(2.0 * r * n / m)) + 4096)
+        cand_idx, cand_key = cp.empty(cap, dtype=idt), cp.empty(cap, dtype=kdt)
+        counter.fill(0)
+        kern(_grid(n, 4), (BLOCK,), (w, np.int64(n), t_key, cand_idx, cand_key, counter, np.uint64(cap)))
+        c = int(counter.get()[0])
+        if c > cap:  # threshold far too low (mostly-equal or zero input): radix from x
+            break
+        if c >= k:
+            out = cp.empty(k, dtype=idt)
+            rx = _Radix(w.dtype, idt)
+            rx.resolve(out, 0, cand_key[:c], cand_idx[:c], c, k, rx.shifts)
+            return out
+        r = int(math.ceil(r * 2.0 * k / max(c, 1))) + 16  # too few: lower the threshold
+    return _radix_topk(w, k, idt)
+
+
+def topk_abs(x, k, *, scratch=None, rng=None, method: str = "auto"):
+    """Exact top-k by magnitude: exactly ``k`` distinct indices, any order.
+
+    ``method``: ``"auto"`` (sampled threshold + exact correction for large
+    ``n`` and ``k <= n/4``, radix otherwise), ``"sample"`` or ``"radix"``;
+    all return the same value set.  ``rng`` (a ``np.random.Generator``, a
+    seed, or ``None``) drives the sample and only affects speed.
+    """
+    cp = _cupy()
+    x = _as_1d_float(x)
+    n = x.shape[0]
+    k = _nk._check_k(k, n)
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {', '.join(_METHODS)}, got {method!r}")
+    idt = index_dtype(n)
+    _check_scratch(x, scratch)
+    if k == 0:
+        return cp.empty(0, dtype=idt)
+    if k == n:
+        return cp.arange(n, dtype=idt)
+    w = _work(x)
+    if method == "radix" or (method == "auto" and (n <= SMALL_N or k > DENSE_FRACTION * n)):
+        return _radix_topk(w, k, idt)
+    return _sampled_topk(w, k, idt, _nk._get_rng(rng))
+
+
+def estimate_threshold(x, k, *, sample=0.01, rng=None) -> float:
+    """DGC-style estimate of the k-th largest ``|x|`` (the NumPy kernel's contract).
+
+    ``m = round(sample * n)`` magnitudes at random positions (with
+    replacement; all of ``x`` exactly when ``m >= n``), then the
+    ``round(k m / n)``-th largest of them.  ``k == 0`` gives ``inf``.
+    """
+    cp = _cupy()
+    x = _as_1d_float(x)
+    n = x.shape[0]
+    k = _nk._check_k(k, n)
+    if not 0.0 < sample <= 1.0:
+        raise ValueError(f"sample must be in (0, 1], got {sample}")
+    if k == 0:
+        return math.inf
+    w = _work(x)
+    m = max(1, int(round(sample * n)))
+    if m >= n:
+        m, a = n, w
+    else:
+        keys = cp.empty(m, dtype=_key_dtype(w.dtype))
+        seed = np.uint64(int(_nk._get_rng(rng).integers(0, 2**63)))
+        _kernel("select.cu", f"sample_keys_{_tn(w.dtype)}")(_grid(m), (BLOCK,),
+                                                            (w, np.int64(n), seed, np.int64(m), keys))
+        a = keys.view(w.dtype)  # the key is the bit pattern of |x|
+    ks = min(m, max(1, int(round(k * m / n))))
+    if ks == m:
+        return float(cp.abs(a).min())
+    sel = _radix_topk(a, ks, index_dtype(m))
+    return float(cp.abs(a[sel]).min())
+
+
+def randomk(n, k, rng):
+    """``k`` distinct indices uniform in ``[0, n)``, ascending: the NumPy kernel's set, on the device.
+
+    Drawn on the host from ``rng`` (so CPU and GPU ranks with the same
+    generator state agree), then copied (``k`` indices).
+    """
+    cp = _cupy()
+    return cp.asarray(_nk.randomk(n, k, rng))
+
+
+def rowwise_topk_mask(X, k):
+    """Boolean mask of ``X``'s shape: per row exactly ``k`` of the largest ``|X|`` (one block per row)."""
+    cp = _cupy()
+    X = cp.asarray(X)
+    if X.ndim != 2:
+        raise ValueError(f"expected a 2-D array, got shape {X.shape}")
+    rows, cols = X.shape
+    k = _nk._check_k(k, cols)
+    if k == 0:
+        return cp.zeros(X.shape, dtype=cp.bool_)
+    if k == cols:
+        return cp.ones(X.shape, dtype=cp.bool_)
+    if X.dtype.kind != "f":
+        X = X.astype(np.float64)
+    W = _work(X)
+    mask = cp.empty(X.shape, dtype=cp.bool_)
+    if rows:
+        _kernel("rowwise.cu", f"rowwise_topk_{_tn(W.dtype)}")((rows,), (BLOCK,), (W, np.int64(cols), np.int64(k),
+                                                                                mask))
+    return mask
+
+
+# --------------------------------------------------------------------------
+# scatter / gather helpers of the exchanges
+# --------------------------------------------------------------------------
+
+
+def _index_arg(cp, indices):
+    idx = cp.asarray(indices)
+    if idx.dtype not in (np.int32, np.int64):
+        idx = idx.astype(np.int64)
+    return cp.ascontiguousarray(idx)
+
+
+def _float_out(out) -> None:
+    if out.dtype not in (np.float32, np.float64) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous float32/float64 CuPy array, got {out.dtype}")
+
+
+def scatter_sum(out, indices, values, counts, scale: float) -> None:
+    """``out = scale * sum_r sparse(indices_r, values_r)``, in place (:func:`mpisparse.schemes.base.scatter_sum`).
+
+    ``counts`` splits ``indices``/``values`` into per-rank blocks whose
+    indices are distinct; blocks are added one after another without atomics,
+    so every entry is summed in rank order as the NumPy version does.
+    Indices and values may arrive on the host (they are copied).
+    """
+    cp = _cupy()
+    _float_out(out)
+    idx = _index_arg(cp, indices)
+    vals = cp.ascontiguousarray(cp.asarray(values).astype(out.dtype, copy=False))
+    out.fill(0)
+    kern = _kernel("scatter.cu", f"scatter_add_distinct_{_tn(out.dtype)}_{_in(idx.dtype)}")
+    start = 0
+    for c in counts:
+        c = int(c)
+        if c:
+            kern(_grid(c), (BLOCK,), (out, idx[start:start + c], vals[start:start + c], np.int64(c)))
+        start += c
+    if scale != 1.0:
+        if 2 * idx.size < out.size:  # duplicates gather and write back the same value: scaled once
+            tmp = out[idx]
+            tmp *= np.float32(scale)
+            out[idx] = tmp
+        else:
+            out *= np.float32(scale)
+
+
+def scatter_add(out, indices, values) -> None:
+    """``out[indices[i]] += values[i]`` with atomics: duplicate indices all count (sum order not fixed)."""
+    cp = _cupy()
+    _float_out(out)
+    idx = _index_arg(cp, indices)
+    vals = cp.ascontiguousarray(cp.asarray(values).astype(out.dtype, copy=False))
+    if idx.size != vals.size:
+        raise ValueError(f"{idx.size} indices but {vals.size} values")
+    if idx.size:
+        _kernel("scatter.cu", f"scatter_add_atomic_{_tn(out.dtype)}_{_in(idx.dtype)}")(
+            _grid(idx.size), (BLOCK,), (out, idx, vals, np.int64(idx.size)))
+
+
+def gather_clear(acc, indices):
+    """``vals = acc[indices]; acc[indices] = 0`` in one pass (indices distinct); returns ``vals``."""
+    cp = _cupy()
+    _float_out(acc)
+    idx = _index_arg(cp, indices)
+    vals = cp.empty(idx.size, dtype=acc.dtype)
+    if idx.size:
+        _kernel("scatter.cu", f"gather_clear_{_tn(acc.dtype)}_{_in(idx.dtype)}")(
+            _grid(idx.size), (BLOCK,), (acc, idx, vals, np.int64(idx.size)))
+    return vals
+
+
+def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 10) -> dict:
+    """Measured device-to-device copy bandwidth (best of ``repeats``, CUDA events).
+
+    Returns ``bytes_per_s`` counting read + write (``2 nbytes / t``) and
+    ``read_seconds_per_byte`` (``t / (2 nbytes)``): one read of a buffer of
+    ``B`` bytes at this bandwidth takes ``B * read_seconds_per_byte``.
+    """
+    cp = _cupy()
+    src = cp.ones(nbytes // 4, dtype=np.float32)
+    dst = cp.empty_like(src)
+    dst[...] = src  # warm-up
+    best = math.inf
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(repeats):
+        start.record()
+        dst[...] = src
+        stop.record()
+        stop.synchronize()
+        best = min(best, cp.cuda.get_elapsed_time(start, stop) / 1e3)
+    moved = 2 * src.nbytes
+    return {"nbytes": int(src.nbytes), "seconds": best, "bytes_per_s": moved / best,
+            "read_seconds_per_byte": best / moved, "measured_at": time.time()}

@@ -1,0 +1,214 @@
+"""``mpisparse bench select --backend cupy``: the GPU selection kernels on one device.
+
+Times, on one float32 vector of ``n`` elements on the current device (CuPy
+device 0 unless selected otherwise), each call wall-clocked between two
+device synchronisations (so launch overheads and the kernels' own
+device-to-host reads are included), best and median of ``repeats`` after a
+warm-up call:
+
+- ``copy``: ``dst[...] = x`` (device-to-device copy) -- the yardstick: the
+  measured copy bandwidth is ``2 n 4 / t`` (read + write) and one read of
+  ``x`` at that bandwidth takes ``t / 2`` (``one_read``);
+- ``threshold_select`` (at the exact k-th largest ``|x|``), and
+  ``threshold_select_values`` (indices and values in the same pass);
+- ``topk_abs`` (auto), ``topk_abs_sample``, ``topk_abs_radix``;
+- ``torch_topk``: ``torch.topk(x.abs(), k)`` on the same memory (DLPack),
+  when torch has CUDA;
+- ``estimate_threshold`` (1 % sample).
+
+Targets of the GPU issue: ``threshold_select / one_read <= 2`` and
+``torch_topk / topk_abs >= 5``.  The results are checked (exact top-k value
+set, threshold count) and returned as a dict; nothing is printed here.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..backend import cupy_kernels as ck
+
+__all__ = ["run_select_bench_gpu", "format_select_bench_gpu", "run_deft_select_bench_gpu",
+           "format_deft_select_bench_gpu"]
+
+
+def _timer(cp):
+    def run(fn: Callable[[], object], repeats: int) -> dict:
+        dev = cp.cuda.Device()
+        fn()
+        dev.synchronize()
+        ts = []
+        for _ in range(repeats):
+            dev.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            dev.synchronize()
+            ts.append(time.perf_counter() - t0)
+        return {"best_ms": min(ts) * 1e3, "median_ms": statistics.median(ts) * 1e3,
+                "times_ms": [t * 1e3 for t in ts]}
+
+    return run
+
+
+def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: int = 20, seed: int = 0,
+                         distribution: str = "normal") -> dict:
+    if not ck.available():
+        raise RuntimeError("no GPU/CuPy available: `bench select --backend cupy` needs CuPy and a CUDA device")
+    import cupy as cp
+
+    if n < 1 or repeats < 1:
+        raise ValueError(f"n and repeats must be >= 1, got n={n}, repeats={repeats}")
+    k = max(1, min(n, int(round(density * n))))
+    rng = np.random.default_rng(seed)
+    if distribution == "normal":
+        host = rng.standard_normal(n, dtype=np.float32)
+    elif distribution in ("student-t", "t"):
+        host = rng.standard_t(3.0, size=n).astype(np.float32)
+    else:
+        raise ValueError(f"unknown distribution {distribution!r} (normal, student-t)")
+    x = cp.asarray(host)
+    dst = cp.empty_like(x)
+    kth = float(np.partition(np.abs(host), n - k)[n - k])
+    krng = np.random.default_rng(seed + 1)
+    timed = _timer(cp)
+
+    def copy():
+        dst[...] = x
+
+    timings = {
+        "copy": timed(copy, repeats),
+        "threshold_select": timed(lambda: ck.threshold_select(x, kth), repeats),
+        "threshold_select_values": timed(lambda: ck.threshold_select_values(x, kth), repeats),
+        "topk_abs": timed(lambda: ck.topk_abs(x, k, rng=krng), repeats),
+        "topk_abs_sample": timed(lambda: ck.topk_abs(x, k, rng=krng, method="sample"), repeats),
+        "topk_abs_radix": timed(lambda: ck.topk_abs(x, k, method="radix"), repeats),
+        "estimate_threshold": timed(lambda: ck.estimate_threshold(x, k, rng=krng), repeats),
+    }
+    torch_version = None
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            xt = torch.from_dlpack(x)  # the same device memory
+            timings["torch_topk"] = timed(lambda: torch.topk(xt.abs(), k), repeats)
+            torch_version = torch.__version__
+    except ImportError:
+        pass
+
+    copy_best = timings["copy"]["best_ms"] / 1e3
+    one_read_ms = copy_best / 2 * 1e3
+    ratios = {"threshold_select/one_read": timings["threshold_select"]["best_ms"] / one_read_ms,
+              "topk_abs/one_read": timings["topk_abs"]["best_ms"] / one_read_ms}
+    if "torch_topk" in timings:
+        for name in ("topk_abs", "topk_abs_sample", "topk_abs_radix"):
+            ratios[f"torch_topk/{name}"] = timings["torch_topk"]["best_ms"] / timings[name]["best_ms"]
+
+    # correctness of what was timed
+    checks = {}
+    for method in ("auto", "sample", "radix"):
+        idx = cp.asnumpy(ck.topk_abs(x, k, rng=krng, method=method))
+        checks[f"topk_exact_{method}"] = bool(idx.size == k and np.unique(idx).size == k
+                                              and np.abs(host[idx]).min() >= kth)
+    checks["threshold_select_count"] = int(ck.threshold_select(x, kth).size)
+    checks["threshold_select_expected"] = int(np.count_nonzero(np.abs(host) >= np.float32(kth)))
+    checks["kth_abs"] = kth
+    est = ck.estimate_threshold(x, k, rng=krng)
+    checks["estimate_threshold"] = est
+    checks["estimate_rel_error"] = (est - kth) / kth if kth else float("nan")
+    checks["x_unmodified"] = bool(np.array_equal(cp.asnumpy(x), host))
+
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    name = props["name"]
+    return {
+        "backend": "cupy",
+        "params": {"n": n, "k": k, "density": density, "repeats": repeats, "seed": seed,
+                   "distribution": distribution, "dtype": "float32"},
+        "timings": timings,
+        "copy_bandwidth_bytes_per_s": 2 * x.nbytes / copy_best,
+        "one_read_ms": one_read_ms,
+        "ratios": ratios,
+        "targets": {"threshold_select/one_read <= 2": ratios["threshold_select/one_read"] <= 2.0,
+                    **({"torch_topk/topk_abs >= 5": ratios["torch_topk/topk_abs"] >= 5.0}
+                       if "torch_topk/topk_abs" in ratios else {})},
+        "checks": checks,
+        "machine": {"device": name.decode() if isinstance(name, bytes) else str(name),
+                    "cupy": cp.__version__, "torch": torch_version, "python": platform.python_version(),
+                    "numpy": np.__version__},
+    }
+
+
+def format_select_bench_gpu(res: dict) -> str:
+    p, m = res["params"], res["machine"]
+    lines = [
+        f"n={p['n']:,} k={p['k']:,} (density {p['density']}) float32 {p['distribution']}, repeats={p['repeats']}",
+        f"{m['device']}, cupy {m['cupy']}, torch {m['torch']}",
+        f"copy bandwidth {res['copy_bandwidth_bytes_per_s'] / 1e9:,.0f} GB/s (read+write); "
+        f"one read of x: {res['one_read_ms']:.3f} ms",
+        "",
+        f"{'kernel':<26}{'best ms':>10}{'median ms':>12}",
+    ]
+    for name, t in res["timings"].items():
+        lines.append(f"{name:<26}{t['best_ms']:>10.3f}{t['median_ms']:>12.3f}")
+    lines += ["", f"{'ratio':<34}{'best':>8}"]
+    for name, r in res["ratios"].items():
+        lines.append(f"{name:<34}{r:>8.2f}")
+    lines += ["", "targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in res["targets"].items())]
+    c = res["checks"]
+    lines.append(f"checks: topk exact auto/sample/radix {c['topk_exact_auto']}/{c['topk_exact_sample']}/"
+                 f"{c['topk_exact_radix']}, threshold count {c['threshold_select_count']:,} "
+                 f"(expected {c['threshold_select_expected']:,}), estimate {c['estimate_threshold']:.4g} "
+                 f"vs k-th {c['kth_abs']:.4g} ({c['estimate_rel_error']:+.1%}), x unmodified {c['x_unmodified']}")
+    return "\n".join(lines)
+
+
+def run_deft_select_bench_gpu(models=("resnet50", "lstm-wt2"), worlds=(1, 2, 4, 8, 16), density: float = 0.01,
+                              seed: int = 0, repeats: int = 5) -> list[dict]:
+    """DEFT's per-rank selection (Alg. 5) on a device gradient, against whole-vector top-k on the device.
+
+    The model-shaped synthetic gradient of ``bench step`` (rank 0's) is
+    copied to the device; :func:`mpisparse.schemes.deft.simulate_selection_times`
+    (device-generic) times every rank's share one after another, and
+    ``topk_abs`` of the whole vector is timed the same way (wall clock
+    between device synchronisations, best of ``repeats``).  ``dense_bytes``
+    is the buffer a dense Allreduce would move, for comparison with
+    ``bench step --scheme dense``.
+    """
+    if not ck.available():
+        raise RuntimeError("no GPU/CuPy available: `bench select --backend cupy` needs CuPy and a CUDA device")
+    import cupy as cp
+
+    from ..fusion import FusionLayout
+    from ..gradgen import SyntheticGradients
+    from ..models.shapes import layer_shapes
+    from ..schemes.base import k_for
+    from ..schemes.deft import simulate_selection_times
+
+    timed = _timer(cp)
+    rows = []
+    for model in models:
+        layout = FusionLayout(layer_shapes(model))
+        g = cp.asarray(SyntheticGradients(layout, 0, seed=seed).fill(layout.empty(), 0))
+        k = k_for(density, layout.n)
+        topk = timed(lambda: ck.topk_abs(g, k), repeats)["best_ms"] / 1e3
+        for w in worlds:
+            sim = simulate_selection_times(layout, g, density, int(w), repeats=repeats)
+            rows.append({"model": model, "n": layout.n, "k": k, "density": density, "world_size": int(w),
+                         "layers": sim["layers"], "topk_seconds": topk, "deft_max_seconds": sim["max_seconds"],
+                         "deft_mean_seconds": sim["mean_seconds"], "imbalance": sim["imbalance"],
+                         "overhead_seconds": sim["norms_seconds"] + sim["alloc_seconds"],
+                         "dense_bytes": layout.n * 4, "backend": "cupy"})
+    return rows
+
+
+def format_deft_select_bench_gpu(rows: list[dict]) -> str:
+    lines = [f"{'model':<10}{'W':>4}{'layers':>8}{'top-k ms':>10}{'DEFT max ms':>13}{'overhead ms':>13}"
+             f"{'imbalance':>11}"]
+    for r in rows:
+        lines.append(f"{r['model']:<10}{r['world_size']:>4}{r['layers']:>8}{r['topk_seconds'] * 1e3:>10.3f}"
+                     f"{r['deft_max_seconds'] * 1e3:>13.3f}{r['overhead_seconds'] * 1e3:>13.3f}"
+                     f"{r['imbalance']:>11.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,207 @@
+"""GPUs: which device each rank uses, and whether the MPI moves device buffers intact.
+
+Device per rank
+---------------
+The ranks that share a host are found with a shared-memory split of the
+communicator (``MPI.COMM_TYPE_SHARED``, :meth:`mpisparse.comm.Communicator.split_shared`);
+a rank's position among them is its *local rank*.  :func:`pick_device`:
+
+1. no device visible: ``None`` (the rank runs on the CPU);
+2. the ranks of a host see *different* ``CUDA_VISIBLE_DEVICES`` (the
+   launcher bound GPUs per task, e.g. SLURM's ``--gpus-per-task=1`` or
+   ``--gpu-bind``): device 0, the first of this rank's own set;
+3. otherwise the ranks share the host's GPUs round-robin:
+   ``device = local_rank % n_devices``.
+
+:func:`assign_device` applies it (CuPy's current device, and torch's when
+torch is already imported); ``mpisparse info`` lists the mapping.
+
+CUDA-aware probe
+----------------
+A library that claims CUDA support (``MPIX_Query_cuda_support``) can still
+move device buffers wrongly at run time (a transport built without CUDA,
+GPU support switched off by an environment variable).
+:func:`probe_cuda_aware` checks the claim once per job: every rank hands
+device buffers straight to MPI in an Allreduce, a Bcast and an Allgatherv
+(into a device receive buffer), copies the results to the host and compares
+them with the exact expected integers; the ranks then agree (a host
+Allreduce of the verdicts, minimum), so either all ranks use device
+buffers directly or all stage through pinned host memory.  The array
+operations come from an ``ops`` object (CuPy by default), so the logic runs
+on a CPU-only machine with a fake device array.  Only a library that says
+yes is probed (see :func:`mpisparse.comm.decide_cuda_aware_how`): a device
+pointer given to an MPI without CUDA support can crash the process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["gpu_count", "gpu_names", "pick_device", "DeviceAssignment", "assign_device", "current_assignment",
+           "probe_cuda_aware", "CupyOps"]
+
+_assignment: "DeviceAssignment | None" = None
+
+
+def gpu_count() -> int:
+    """CUDA devices this process sees through CuPy (0 without CuPy, driver or device)."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:
+        return 0
+
+
+def gpu_names() -> list[str]:
+    """Names of the CUDA devices this process sees (empty without CuPy or a GPU)."""
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+        return [_name(cupy.cuda.runtime.getDeviceProperties(i)["name"]) for i in range(n)]
+    except Exception:
+        return []
+
+
+def _name(raw) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def pick_device(local_rank: int, n_devices: int, local_visible: Sequence[str | None]) -> int | None:
+    """The device index (among this rank's visible ones) for ``local_rank``; None without a device.
+
+    ``local_visible``: ``CUDA_VISIBLE_DEVICES`` (or None) of every rank on
+    this host, in local-rank order.  Steps 1-3 of the module docstring.
+    """
+    if local_rank < 0:
+        raise ValueError(f"local_rank is {local_rank}; it must be >= 0")
+    if n_devices < 0:
+        raise ValueError(f"n_devices is {n_devices}; it must be >= 0")
+    if n_devices == 0:  # 1.
+        return None
+    if len(set(local_visible)) > 1:  # 2. bound per task by the launcher
+        return 0
+    return local_rank % n_devices  # 3.
+
+
+@dataclass
+class DeviceAssignment:
+    rank: int
+    host: str
+    local_rank: int
+    local_size: int
+    device: int | None
+    device_name: str
+    visible: str | None
+    n_devices: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _use(device: int) -> None:
+    import cupy
+
+    cupy.cuda.Device(device).use()
+    torch = sys.modules.get("torch")  # only when the program already uses torch
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                torch.cuda.set_device(device)
+        except Exception:
+            pass
+
+
+def assign_device(comm, *, use: bool = True) -> DeviceAssignment:
+    """Pick (and with ``use``, select) this rank's GPU; collective over ``comm``."""
+    global _assignment
+    local = comm.split_shared()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    everyone = local.allgather_obj(visible)
+    n = gpu_count()
+    dev = pick_device(local.rank, n, everyone)
+    names = gpu_names() if dev is not None else []
+    a = DeviceAssignment(rank=comm.rank, host=comm.processor_name(), local_rank=local.rank,
+                         local_size=local.size, device=dev,
+                         device_name=names[dev] if dev is not None and dev < len(names) else "none",
+                         visible=visible, n_devices=n)
+    local.comm.Free()
+    if use and dev is not None:
+        _use(dev)
+    _assignment = a
+    return a
+
+
+def current_assignment() -> DeviceAssignment | None:
+    """The last :func:`assign_device` result of this process (None before)."""
+    return _assignment
+
+
+class CupyOps:
+    """The device-array operations of :func:`probe_cuda_aware`, on CuPy."""
+
+    def to_device(self, host: np.ndarray):
+        import cupy
+
+        return cupy.asarray(host)
+
+    def to_host(self, x) -> np.ndarray:
+        import cupy
+
+        return cupy.asnumpy(x) if isinstance(x, cupy.ndarray) else np.asarray(x)
+
+
+def probe_cuda_aware(comm, *, ops=None, n: int = 4099) -> bool:
+    """Whether device buffers handed to MPI arrive intact on every rank (collective).
+
+    ``comm`` is a :class:`mpisparse.comm.Communicator` that hands device
+    buffers to MPI directly (``cuda_aware=True``).  Steps:
+
+    1. Allreduce (sum) of ``x_i = rank + 1 + i`` (int32, ``n`` elements,
+       odd so no transport rounds it to a nicer size): expect
+       ``W (W + 1) / 2 + W i``;
+    2. Bcast from rank 0 of ``3 i + 7`` into zeros elsewhere;
+    3. Allgatherv of ``rank + 1`` copies of ``rank`` (a device receive
+       buffer for CuPy arrays);
+    4. every rank compares on the host, and the verdicts are combined with a
+       host Allreduce (minimum): True only if every rank saw exact results.
+
+    The device buffers are made before the first collective and the ranks
+    agree that all of them could (so a rank that fails there cannot leave
+    the others waiting in a collective); an exception later counts as a
+    wrong result on that rank.
+    """
+    if not comm.cuda_aware:
+        raise ValueError("probe_cuda_aware needs a communicator that hands device buffers to MPI "
+                         "(cuda_aware=True)")
+    ops = CupyOps() if ops is None else ops
+    W, rank = comm.size, comm.rank
+    i = np.arange(n, dtype=np.int32)
+    try:
+        x = ops.to_device(i + np.int32(rank + 1))
+        b = ops.to_device(3 * i + 7 if rank == 0 else np.zeros(n, np.int32))
+        g = ops.to_device(np.full(rank + 1, rank, np.int32))
+        ready = True
+    except Exception:
+        ready = False
+    if not comm.allreduce(np.array([int(ready)], np.int32), op="min")[0]:
+        return False
+    ok = True
+    try:
+        s = comm.allreduce(x)  # 1.
+        ok &= bool(np.array_equal(ops.to_host(s), np.int32(W * (W + 1) // 2) + np.int32(W) * i))
+        comm.bcast(b, root=0)  # 2.
+        ok &= bool(np.array_equal(ops.to_host(b), 3 * i + 7))
+        got, counts = comm.allgatherv(g)  # 3.
+        expect = np.concatenate([np.full(r + 1, r, np.int32) for r in range(W)])
+        ok &= bool(np.array_equal(ops.to_host(got), expect)) and counts.tolist() == list(range(1, W + 1))
+    except Exception:
+        ok = False
+    verdict = comm.allreduce(np.array([int(ok)], np.int32), op="min")  # 4.
+    return bool(verdict[0])

@@ -1,0 +1,448 @@
+"""SLURM job scripts from the bundled templates: ``mpisparse jobs list|render|examples``.
+
+The templates live in ``mpisparse/templates/jobs/`` (shipped in the wheel);
+``jobs/`` at the top of the repository holds scripts rendered from them by
+``mpisparse jobs examples jobs/`` (a test keeps those up to date).
+
+Templates are plain bash with ``{{name}}`` placeholders.  :func:`render` is a
+pure function: a line holding a placeholder whose value is ``None`` is left
+out (``#SBATCH --account`` when no account is given); a placeholder alone on
+its line may expand to several lines.  Every rendered script is checked with
+``bash -n`` when bash is available.
+
+What every script does (the templates' comments say the same):
+
+1. ``#SBATCH`` lines from the options, ``--requeue``, ``--open-mode=append`` and
+   ``--signal=B:USR1@S``: S seconds before the time limit SLURM sends USR1 to
+   the batch script only.
+2. The job step runs ``srun --mpi=pmix --kill-on-bad-exit=1`` (one failing rank
+   ends the step) or ``mpirun`` in the background; the script's USR1 trap sends
+   USR1 (train) or TERM (benchmarks) to the launcher, which hands it to the ranks.
+3. ``train`` writes a checkpoint on USR1 and exits 0; the script then runs
+   ``scontrol requeue``; the requeued job finds ``CHECKPOINT/LATEST`` and adds
+   ``--resume``.  The sweep skips the points whose JSON exists, so it goes on
+   after a requeue the same way.
+4. One GPU per rank: ``#SBATCH --gpus-per-node=G`` and, per rank, the local
+   rank's entry of the node's ``CUDA_VISIBLE_DEVICES`` (see ``_bind_lines``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import click
+
+PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
+LAUNCHERS = ("srun", "mpirun")
+# SLURM's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
+_TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
+_SAFE_PATH = re.compile(r'^[^"`\\\n]+$')  # goes between double quotes; $VARIABLES expand at run time
+_JOB_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
+_WORD = re.compile(r"^[A-Za-z0-9_.+:-]+$")
+
+
+class RenderError(ValueError):
+    """A template cannot be rendered with the given values (the message is one line)."""
+
+
+class JobsUsageError(click.ClickException):
+    """One line on stderr, exit code 2 (like every other invalid option of the CLI)."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Param:
+    """One template parameter: option name, default (None = optional, unset), help."""
+
+    name: str
+    help: str
+    default: Any = None
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Template:
+    name: str
+    description: str
+    command: str  # the mpisparse command the job runs
+    step_signal: str  # what the USR1 trap sends to the running job step
+    params: tuple[Param, ...] = field(default_factory=tuple)
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+
+COMMON = (
+    Param("nodes", "Number of nodes (#SBATCH --nodes).", required=True),
+    Param("time", "Time limit, SLURM format (M, H:M:S, D-H:M:S).", required=True),
+    Param("account", "#SBATCH --account (left out when not given: the site's default)."),
+    Param("partition", "#SBATCH --partition (left out when not given)."),
+    Param("tasks_per_node", "Ranks per node (default: --gpus-per-node, else 1)."),
+    Param("gpus_per_node", "GPUs per node; one per rank (0: CPU-only job).", default=0),
+    Param("setup", "A line of environment set-up (module load, source venv/bin/activate); repeatable.",
+          default=()),
+    Param("launcher", "srun (PMI via --srun-mpi) or mpirun.", default="srun"),
+    Param("srun_mpi", "srun --mpi=TYPE (pmix, pmi2, ...; 'default' leaves it to the site's MpiDefault).",
+          default="pmix"),
+    Param("launcher_args", "Extra options for srun/mpirun (e.g. '--cpu-bind=cores').", default=""),
+    Param("job_name", "#SBATCH --job-name (default: mpisparse-NAME)."),
+    Param("output", "#SBATCH --output (default: %x-%j.out, appended to across requeues).", default="%x-%j.out"),
+    Param("signal_before", "Seconds before the time limit at which SLURM sends USR1.", default=120),
+)
+
+TEMPLATES: dict[str, Template] = {t.name: t for t in (
+    Template(
+        "train", "mpisparse train across the allocation; checkpoints, requeues before the time limit, resumes.",
+        command="train", step_signal="USR1",
+        params=COMMON + (
+            Param("args", "The mpisparse train arguments, e.g. '--model resnet18 --data cifar10 "
+                          "--data-dir $SCRATCH/cifar10 --scheme deft --density 0.01'.", required=True),
+            Param("checkpoint_dir", "Checkpoint directory (the requeued job resumes from it).",
+                  default="$SLURM_SUBMIT_DIR/checkpoints/$SLURM_JOB_NAME-$SLURM_JOB_ID"),
+        )),
+    Template(
+        "bench", "mpisparse bench step once across the whole allocation; one JSON result.",
+        command="bench step", step_signal="TERM",
+        params=COMMON + (
+            Param("args", "The mpisparse bench step arguments.",
+                  default="--model resnet50 --scheme dense --scheme topk --density 0.001 --iters 20"),
+            Param("results", "Directory for the JSON result.",
+                  default="$SLURM_SUBMIT_DIR/results/$SLURM_JOB_NAME-$SLURM_JOB_ID"),
+        )),
+    Template(
+        "sweep", "Scaling sweep: bench step on 1, 2, 4, ... nodes and the whole allocation, per density; "
+                 "requeues and skips finished points.",
+        command="bench step", step_signal="TERM",
+        params=COMMON + (
+            Param("args", "The mpisparse bench step arguments (without --density).",
+                  default="--model resnet50 --scheme dense --scheme topk --scheme cltk --iters 20"),
+            Param("densities", "Densities to sweep, space-separated.", default="0.01 0.001"),
+            Param("results", "Directory for the JSON results (one per point).",
+                  default="$SLURM_SUBMIT_DIR/results/$SLURM_JOB_NAME-$SLURM_JOB_ID"),
+        )),
+)}
+
+# the mpisparse options each template sets itself (not allowed in --args)
+_RESERVED = {
+    "train": ("-n", "--np", "--checkpoint", "--resume"),
+    "bench": ("-n", "--np", "--json"),
+    "sweep": ("-n", "--np", "--json", "--density"),
+}
+_SUBCOMMANDS = ("train", "bench", "step", "select", "info", "jobs", "reproduce")
+
+
+# --------------------------------------------------------------------------- pure functions
+def template_text(name: str) -> str:
+    """The raw text of a bundled template file (``_header`` included)."""
+    return resources.files("mpisparse").joinpath("templates", "jobs", f"{name}.sbatch.in").read_text()
+
+
+def substitute(text: str, values: dict[str, Any]) -> str:
+    """Fill ``{{name}}`` placeholders; drop lines whose placeholder value is None.
+
+    A value with newlines replaces its line's placeholder and keeps the line's
+    indentation on every line.  An unknown placeholder raises KeyError (a
+    template bug, caught by the tests).
+    """
+    out = []
+    for line in text.splitlines():
+        names = PLACEHOLDER.findall(line)
+        if any(values[n] is None for n in names):
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        line = PLACEHOLDER.sub(lambda m: str(values[m.group(1)]).replace("\n", "\n" + indent), line)
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def time_seconds(value: str) -> int:
+    """SLURM time limit ``value`` in seconds; ValueError naming the formats."""
+    m = _TIME.match(value.strip())
+    if not m:
+        raise RenderError(f"--time is {value!r}; allowed: minutes, M:S, H:M:S, D-H, D-H:M or D-H:M:S")
+    d, dh, dm, ds, mm, ms, hs = m.groups()
+    if d is not None:
+        return int(d) * 86400 + int(dh) * 3600 + int(dm or 0) * 60 + int(ds or 0)
+    if hs is not None:  # H:M:S
+        return int(mm) * 3600 + int(ms) * 60 + int(hs)
+    return int(mm) * 60 + int(ms or 0)
+
+
+def _launch_lines(launcher: str, srun_mpi: str, extra: str) -> str:
+    """The job-step command inside ``run_ranks`` (``$nodes`` and ``"$@"`` are its arguments)."""
+    extra = f" {extra}" if extra else ""
+    if launcher == "srun":
+        mpi = "" if srun_mpi == "default" else f"--mpi={srun_mpi} "
+        return (f'    srun {mpi}--kill-on-bad-exit=1 --nodes="$nodes" --ntasks=$((nodes * TASKS_PER_NODE)) \\\n'
+                f'        --ntasks-per-node="$TASKS_PER_NODE"{extra} "${{RANK[@]}}" "$@" &')
+    # mpirun finds the allocation itself; --host pins the first NODES nodes, TASKS_PER_NODE slots each
+    # (MPICH's hydra and Open MPI both read host:slots).  A failing rank ends an mpirun job.
+    return ('    local hosts\n'
+            '    hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n "$nodes" '
+            '| sed "s/\\$/:$TASKS_PER_NODE/" | paste -sd, -)\n'
+            f'    mpirun -n $((nodes * TASKS_PER_NODE)) --host "$hosts"{extra} "${{RANK[@]}}" "$@" &')
+
+
+def _bind_lines(gpus_per_node: int) -> str:
+    """``RANK``: what each rank runs before mpisparse (one GPU per rank, by local rank).
+
+    We bind in the rank rather than with ``srun --gpus-per-task=1``: the same
+    lines work under srun and mpirun (local rank from SLURM_LOCALID,
+    OMPI_COMM_WORLD_LOCAL_RANK or MPI_LOCALRANKID), need no cons_tres GRES
+    set-up, and index into the GPUs SLURM gave the node (its
+    CUDA_VISIBLE_DEVICES), so on a shared node a rank never picks another
+    job's GPU the way ``CUDA_VISIBLE_DEVICES=$SLURM_LOCALID`` would.
+    """
+    if gpus_per_node == 0:
+        return "RANK=()  # CPU-only job: ranks run mpisparse directly"
+    return ("# One GPU per rank: the rank with local index L keeps the L-th of the GPUs SLURM gave\n"
+            "# this node (its CUDA_VISIBLE_DEVICES), then runs mpisparse.\n"
+            "RANK=(bash -c 'l=${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}}\n"
+            "IFS=, read -ra gpus <<<\"${CUDA_VISIBLE_DEVICES:-}\"\n"
+            "if [ \"${#gpus[@]}\" -gt 0 ]; then export CUDA_VISIBLE_DEVICES=${gpus[l % ${#gpus[@]}]}; fi\n"
+            "exec \"$@\"' one-gpu-per-rank)")
+
+
+def _as_int(name: str, value: Any, low: int) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise RenderError(f"--{name.replace('_', '-')} is {value!r}; allowed: an integer >= {low}") from None
+    if v < low or str(v) != str(value).strip():
+        raise RenderError(f"--{name.replace('_', '-')} is {value!r}; allowed: an integer >= {low}")
+    return v
+
+
+def resolve(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """Check ``given`` against template ``name``; returns every parameter's value.
+
+    Raises :class:`RenderError` (one line) for an unknown template, missing
+    required values (all named at once), options the template does not take,
+    and invalid values.
+    """
+    if name not in TEMPLATES:
+        raise RenderError(f"no job template {name!r}; templates: {', '.join(TEMPLATES)}")
+    t = TEMPLATES[name]
+    given = {k: v for k, v in given.items() if v is not None and v != ()}
+    foreign = [k for k in given if t.param(k) is None]
+    if foreign:
+        raise RenderError(f"template {name} does not take " + ", ".join(f"--{k.replace('_', '-')}" for k in foreign))
+    missing = [p.name for p in t.params if p.required and p.name not in given]
+    if missing:
+        raise RenderError(f"template {name} needs " + ", ".join(f"--{k.replace('_', '-')}" for k in missing))
+    v = {p.name: given.get(p.name, p.default) for p in t.params}
+
+    v["nodes"] = _as_int("nodes", v["nodes"], 1)
+    v["gpus_per_node"] = _as_int("gpus_per_node", v["gpus_per_node"], 0)
+    v["signal_before"] = _as_int("signal_before", v["signal_before"], 1)
+    if v["tasks_per_node"] is None:
+        v["tasks_per_node"] = v["gpus_per_node"] or 1
+    v["tasks_per_node"] = _as_int("tasks_per_node", v["tasks_per_node"], 1)
+    if v["gpus_per_node"] and v["tasks_per_node"] > v["gpus_per_node"]:
+        raise RenderError(f"--tasks-per-node {v['tasks_per_node']} exceeds --gpus-per-node {v['gpus_per_node']}: "
+                          "one GPU per rank needs tasks per node <= GPUs per node")
+    limit = time_seconds(str(v["time"]))
+    if limit <= v["signal_before"]:
+        raise RenderError(f"--time {v['time']} ({limit} s) must be longer than --signal-before "
+                          f"({v['signal_before']} s): the checkpoint warning would come at the start")
+    if v["launcher"] not in LAUNCHERS:
+        raise RenderError(f"--launcher is {v['launcher']!r}; allowed: {', '.join(LAUNCHERS)}")
+    if not _WORD.match(str(v["srun_mpi"])):
+        raise RenderError(f"--srun-mpi is {v['srun_mpi']!r}; allowed: a PMI type such as pmix, pmi2, or 'default'")
+    for k in ("account", "partition"):
+        if v[k] is not None and not _WORD.match(str(v[k])):
+            raise RenderError(f"--{k} is {v[k]!r}; allowed: letters, digits and _.+:-")
+    if v["job_name"] is None:
+        v["job_name"] = f"mpisparse-{name}"
+    if not _JOB_NAME.match(v["job_name"]):
+        raise RenderError(f"--job-name is {v['job_name']!r}; allowed: letters, digits and _.+-")
+    if any(c in str(v["output"]) for c in "\n\"'` "):
+        raise RenderError(f"--output is {v['output']!r}; allowed: a path without spaces or quotes")
+    for k in ("checkpoint_dir", "results"):
+        if k in v and not _SAFE_PATH.match(str(v[k])):
+            raise RenderError(f"--{k.replace('_', '-')} is {v[k]!r}; allowed: a path without quotes, "
+                              "backslashes or newlines ($VARIABLES expand when the job runs)")
+    if "densities" in v:
+        for d in str(v["densities"]).split() or [""]:
+            try:
+                ok = 0.0 < float(d) <= 1.0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise RenderError(f"--densities has {d!r}; allowed: numbers in (0, 1], space-separated")
+    for line in v["setup"]:
+        if "\n" in line:
+            raise RenderError("--setup takes one line; repeat --setup for several")
+    try:
+        words = shlex.split(str(v["args"]))
+    except ValueError as e:
+        raise RenderError(f"--args {v['args']!r} is not valid shell words: {e}") from None
+    if words and words[0] in _SUBCOMMANDS:
+        raise RenderError(f"--args starts with {words[0]!r}: give only the options; the template runs "
+                          f"`mpisparse {t.command}`")
+    for w in words:
+        flag = w.split("=", 1)[0]
+        if flag in _RESERVED[name]:
+            raise RenderError(f"--args has {flag}: the {name} template sets it itself "
+                              f"(it sets {', '.join(_RESERVED[name])})")
+    return v
+
+
+def render(name: str, given: dict[str, Any], *, command_line: str | None = None) -> str:
+    """The job script of template ``name`` with ``given`` values (a pure function but for ``bash -n``)."""
+    v = resolve(name, given)
+    t = TEMPLATES[name]
+    setup = "\n".join(v["setup"]) if v["setup"] else \
+        "# (none given: add lines with --setup 'module load ...' --setup 'source .../bin/activate')"
+    values = {
+        **{k: v[k] for k in ("job_name", "account", "partition", "time", "nodes", "tasks_per_node", "output",
+                             "signal_before")},
+        "gpus_per_node": v["gpus_per_node"] or None,
+        "title": f"mpisparse job: {t.description}",
+        "render_command": command_line if command_line is not None else render_command_line(name, given),
+        "setup": setup,
+        "args": v["args"],
+        "step_signal": t.step_signal,
+        "launch": _launch_lines(v["launcher"], v["srun_mpi"], v["launcher_args"]),
+        "bind": _bind_lines(v["gpus_per_node"]),
+        "checkpoint_dir": v.get("checkpoint_dir"),
+        "results": v.get("results"),
+        "densities": v.get("densities"),
+    }
+    header = substitute(template_text("_header"), values).rstrip("\n")
+    text = substitute(template_text(name), {**values, "header": header})
+    check_syntax(text)
+    return text
+
+
+def render_command_line(name: str, given: dict[str, Any]) -> str:
+    """``NAME --option value ...``: how to render the same script again (written into its header)."""
+    parts = [name]
+    for p in TEMPLATES[name].params if name in TEMPLATES else ():
+        val = given.get(p.name)
+        if val is None or val == ():
+            continue
+        flag = "--" + p.name.replace("_", "-")
+        for item in (val if isinstance(val, (list, tuple)) else [val]):
+            parts += [flag, str(item)]
+    return shlex.join(parts)
+
+
+def check_syntax(text: str) -> None:
+    """``bash -n`` on the rendered script (skipped where there is no bash)."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return
+    p = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True)
+    if p.returncode != 0:
+        msg = re.sub(r"^\S*bash: ", "", (p.stderr.strip().splitlines() or ["syntax error"])[0])
+        raise RenderError(f"the rendered script is not valid bash ({msg}); check --args and --setup")
+
+
+def format_list() -> str:
+    lines = []
+    for t in TEMPLATES.values():
+        lines.append(f"{t.name:<7}{t.description}")
+        lines.append(f"{'':<7}runs: mpisparse {t.command}; on the time-limit warning the step gets SIG{t.step_signal}")
+        for p in sorted(t.params, key=lambda p: not p.required):
+            note = " (required)" if p.required else ("" if p.default in (None, (), "") else
+                                                      f" [default: {p.default}]")
+            lines.append(f"{'':<9}--{p.name.replace('_', '-'):<16}{p.help}{note}")
+        lines.append("")
+    lines.append("mpisparse jobs render NAME --nodes N --time T [options] > job.sbatch; then: sbatch job.sbatch")
+    return "\n".join(lines)
+
+
+# examples written into jobs/ by `mpisparse jobs examples jobs/` (checked by tests/test_jobs.py)
+EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
+    "train.sbatch": ("train", {
+        "nodes": 2, "time": "04:00:00", "account": "myproject", "partition": "gpu", "gpus_per_node": 4,
+        "setup": ("module load cuda", "source $HOME/venvs/mpisparse/bin/activate"),
+        "args": "--model resnet18 --data cifar10 --data-dir $HOME/data/cifar-10-batches-bin "
+                "--scheme deft --density 0.01 --epochs 90 --json train-$SLURM_JOB_ID.json"}),
+    "train-mpirun.sbatch": ("train", {
+        "nodes": 2, "time": "04:00:00", "account": "myproject", "partition": "gpu", "gpus_per_node": 4,
+        "launcher": "mpirun", "setup": ("module load openmpi", "source $HOME/venvs/mpisparse/bin/activate"),
+        "args": "--model resnet18 --data cifar10 --data-dir $HOME/data/cifar-10-batches-bin "
+                "--scheme topk --density 0.01 --epochs 90"}),
+    "bench.sbatch": ("bench", {
+        "nodes": 4, "time": "00:30:00", "account": "myproject", "partition": "gpu", "gpus_per_node": 4,
+        "setup": ("source $HOME/venvs/mpisparse/bin/activate",)}),
+    "sweep.sbatch": ("sweep", {
+        "nodes": 8, "time": "02:00:00", "account": "myproject", "partition": "cpu", "tasks_per_node": 1,
+        "setup": ("source $HOME/venvs/mpisparse/bin/activate",),
+        "args": "--model resnet50 --scheme dense --scheme topk --scheme cltk --scheme gtopk --iters 20",
+        "densities": "0.01 0.001"}),
+}
+
+
+def render_examples() -> dict[str, str]:
+    return {fname: render(name, given) for fname, (name, given) in EXAMPLES.items()}
+
+
+# --------------------------------------------------------------------------- click commands
+@click.group("jobs")
+def jobs() -> None:
+    """SLURM job scripts: `list` the templates, `render` one, write the `examples`."""
+
+
+@jobs.command("list")
+def jobs_list() -> None:
+    """Templates with a one-line description and their parameters."""
+    click.echo(format_list())
+
+
+def _option(name: str, **kw):
+    return click.option("--" + name.replace("_", "-"), name, default=None, **kw)
+
+
+@jobs.command("render")
+@click.argument("name", metavar="NAME")
+@_option("nodes", metavar="N", help="Number of nodes (required).")
+@_option("time", metavar="TIME", help="Time limit, SLURM format, e.g. 04:00:00 (required).")
+@_option("account", help="#SBATCH --account (omitted when not given).")
+@_option("partition", help="#SBATCH --partition (omitted when not given).")
+@_option("tasks_per_node", metavar="T", help="Ranks per node [default: --gpus-per-node, else 1].")
+@_option("gpus_per_node", metavar="G", help="GPUs per node, one per rank [default: 0].")
+@click.option("--setup", "setup", multiple=True, metavar="LINE",
+              help="Environment set-up line (module load ..., source .../activate); repeatable.")
+@_option("launcher", type=click.Choice(LAUNCHERS), help="srun [default] or mpirun.")
+@_option("srun_mpi", metavar="TYPE", help="srun --mpi=TYPE [default: pmix; 'default': leave it out].")
+@_option("launcher_args", metavar="ARGS", help="Extra srun/mpirun options.")
+@_option("args", metavar="ARGS", help="The mpisparse arguments (required for train).")
+@_option("job_name", metavar="NAME", help="#SBATCH --job-name [default: mpisparse-NAME].")
+@_option("output", metavar="PATTERN", help="#SBATCH --output [default: %x-%j.out].")
+@_option("signal_before", metavar="S", help="USR1 this many seconds before the time limit [default: 120].")
+@_option("checkpoint_dir", metavar="DIR", help="train: checkpoint directory.")
+@_option("results", metavar="DIR", help="bench, sweep: directory for the JSON results.")
+@_option("densities", metavar="'D ...'", help="sweep: densities, space-separated.")
+def jobs_render(name: str, **given: Any) -> None:
+    """Print the job script of template NAME (`mpisparse jobs list` shows them).
+
+    \b
+    mpisparse jobs render train --nodes 2 --time 04:00:00 --gpus-per-node 4 \\
+        --setup 'source ~/venv/bin/activate' --args '--model resnet18 --scheme deft' > train.sbatch
+    """
+    try:
+        click.echo(render(name, given), nl=False)
+    except RenderError as e:
+        raise JobsUsageError(str(e)) from None
+
+
+@jobs.command("examples")
+@click.argument("directory", type=click.Path(file_okay=False), default="jobs")
+def jobs_examples(directory: str) -> None:
+    """Write an example script of each template into DIRECTORY (the repository's jobs/)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for fname, text in render_examples().items():
+        (out / fname).write_text(text)
+        click.echo(f"wrote {out / fname}")

@@ -1,0 +1,102 @@
+"""Options of the pipeline / hybrid runtime and their checks before MPI starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..schemes import SCHEMES
+
+__all__ = ["MPConfig", "parse_split_after", "check_mp_options", "DUMMY_INPUT"]
+
+#: sample shapes of the built-in datasets ((features,), (C, H, W)), to check layer names before MPI
+DUMMY_INPUT = {"digits": ((64,), (1, 8, 8)), "synthetic": ((64,), (1, 8, 8)),
+               "cifar10": ((3 * 32 * 32,), (3, 32, 32))}
+
+
+@dataclass
+class MPConfig:
+    """``--mp-stages``, ``--split-after``, ``--micro-batches`` and the data-parallel scheme inside stages.
+
+    ``dp_density`` None means ``--density``.  ``dp_options`` are the
+    data-parallel scheme's own options (e.g. ``lifespan`` for ``dct``).
+    """
+
+    stages: int = 2
+    split_after: list[str] = field(default_factory=list)
+    micro_batches: int = 1
+    dp_scheme: str = "dense"
+    dp_density: float | None = None
+    dp_options: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_split_after(text: str | None) -> list[str]:
+    """``"net.2,net.4"`` -> ``["net.2", "net.4"]`` (blanks dropped)."""
+    if not text:
+        return []
+    names = [t.strip() for t in text.split(",")]
+    if any(not t for t in names):
+        raise ValueError(f"--split-after {text!r} has an empty layer name; give LAYER[,LAYER...]")
+    return names
+
+
+def check_mp_options(*, model: str, data: str, schemes: Sequence[str], stages: int, split_after: Sequence[str],
+                     micro_batches: int, batch_size: int, dp_scheme: str | None, dp_density: float | None,
+                     world: int | None = None, checkpoint: bool = False, clip: float = 0.0) -> bool:
+    """Validate the pipeline options before MPI starts; True when the run is a pipeline run.
+
+    A pipeline run has ``--mp-stages`` >= 2 or a scheme of family ``mp``.
+    Raises ValueError (one sentence naming the values) otherwise wrong.
+    """
+    mp_schemes = [s for s in schemes if SCHEMES[s].family == "mp"]
+    if stages < 1:
+        raise ValueError(f"--mp-stages is {stages}; it must be >= 1")
+    if stages == 1 and not mp_schemes:
+        given = [flag for flag, on in (("--split-after", bool(split_after)), ("--micro-batches", micro_batches != 1),
+                                       ("--dp-scheme", dp_scheme is not None),
+                                       ("--dp-density", dp_density is not None)) if on]
+        if given:
+            raise ValueError(f"{', '.join(given)} only apply to pipeline runs: add --mp-stages S (S >= 2)")
+        return False
+    if stages < 2:
+        raise ValueError(f"scheme {mp_schemes[0]!r} sparsifies activations between pipeline stages: "
+                         f"it needs --mp-stages S with S >= 2, got {stages}")
+    mp_names = ", ".join(sorted(n for n in SCHEMES if SCHEMES[n].family == "mp"))
+    for s in schemes:
+        if SCHEMES[s].family != "mp" and s != "dense":
+            raise ValueError(f"--scheme {s} is not a pipeline scheme: with --mp-stages, --scheme says how activations "
+                             f"cross the stages (dense, or {mp_names}); pass {s} as --dp-scheme to run it inside "
+                             f"each stage's data-parallel group")
+    dp = dp_scheme or "dense"
+    if SCHEMES[dp].family != "collective":
+        raise ValueError(f"--dp-scheme {dp} is not a data-parallel (collective) scheme")
+    if world is not None:
+        if world % stages:
+            raise ValueError(f"-n {world} is not divisible by --mp-stages {stages}: hybrid runs need "
+                             f"W = replicas x stages")
+        replicas = world // stages
+        if replicas < SCHEMES[dp].min_world_size:
+            raise ValueError(f"--dp-scheme {dp} needs at least {SCHEMES[dp].min_world_size} replicas per stage; "
+                             f"-n {world} with --mp-stages {stages} gives {replicas}")
+    if micro_batches < 1 or micro_batches > batch_size:
+        raise ValueError(f"--micro-batches is {micro_batches}; allowed range is [1, --batch-size {batch_size}]")
+    if checkpoint:
+        raise ValueError("--checkpoint/--resume are not supported with --mp-stages yet")
+    if clip > 0:
+        raise ValueError("--clip is not supported with --mp-stages (the norm would span all stages)")
+
+    from .partition import SPLITTABLE_MODELS, plan_stages
+
+    if model not in SPLITTABLE_MODELS:
+        raise ValueError(f"--model {model} cannot be split into pipeline stages; models that can: "
+                         f"{', '.join(SPLITTABLE_MODELS)}")
+    if data in DUMMY_INPUT:
+        import torch
+
+        from ..models.nets import build_model, needs_image
+
+        shape = DUMMY_INPUT[data][1 if needs_image(model) else 0]
+        with torch.random.fork_rng():
+            net = build_model(model, input_shape=shape, num_classes=10)
+        plan_stages(net, stages, list(split_after) or None)
+    return True

@@ -1,0 +1,371 @@
+"""The pipeline (model-parallel) and hybrid training runtime behind ``mpisparse train --mp-stages S``.
+
+Every rank builds the whole model from the seed (so the stages start
+exactly as a one-process model would), keeps its stage's layers
+(:mod:`mpisparse.mp.partition`) and trains them:
+
+1. stage 0 reads the batch; each stage runs its layers and sends the output
+   activation to the next stage (:class:`~mpisparse.mp.link.ActivationLink`;
+   sparsified by DCT-MP, seed 000 Alg. 2, when ``--scheme dct-mp``);
+2. the last stage computes the loss (it also reads the labels) and
+   back-propagates; each stage sends the gradient of its input activation
+   to the previous stage (under the forward mask with DCT-MP) and
+   back-propagates it through its layers;
+3. each stage steps its optimizer; with ``R = W / S > 1`` replicas the
+   stage's parameter gradients are first exchanged within the stage's group
+   of replicas by the data-parallel scheme (``--dp-scheme``, any collective
+   scheme, through :class:`mpisparse.torch.DistributedOptimizer` on the group
+   communicator) -- seed 000's hybrid setting (Fig. 1, Table 3).
+
+Micro-batches (``--micro-batches M``) follow GPipe's schedule: the forward
+passes of all ``M`` micro-batches, then their backward passes in reverse
+order, gradients accumulated, one optimizer step per batch.  The loss of
+micro-batch ``m`` is its summed cross-entropy divided by the batch size,
+so the accumulated gradient is the batch mean's.
+
+Data: replica ``r`` of ``R`` reads the shard ``shard_indices(n, r, R)``
+(the same as rank ``r`` of an ``R``-rank data-parallel run); every stage of a
+replica walks the same batches.  The test set is sharded over replicas and
+evaluated through the pipeline (with the same sparsification: the mask is
+part of the trained network, seed 000 Sec. 2.2 "Analysis").
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data import iterate_batches, load_dataset, shard_indices
+from ..models.nets import build_model, is_lm, needs_image
+from ..schemes import SCHEMES
+from ..timing import PHASES, PhaseTimer, reduce_over_ranks
+from ..torch import DistributedOptimizer
+from .config import MPConfig
+from .link import ActivationLink
+from .partition import pipeline_layers, plan_stages, stage_module
+from .topology import split_communicators
+
+__all__ = ["MPTrainer", "run_mp_training", "split_shapes"]
+
+
+def split_shapes(model: torch.nn.Module, cuts: list[int], sample: torch.Tensor) -> list[tuple[int, ...]]:
+    """Per-sample activation shape after each cut (one forward of ``sample``, a batch of one)."""
+    shapes = []
+    x = sample
+    with torch.no_grad():
+        for i, (_, layer) in enumerate(pipeline_layers(model)):
+            x = layer(x)
+            if i in cuts:
+                shapes.append(tuple(x.shape[1:]))
+    return shapes
+
+
+class MPTrainer:
+    """One rank of a pipeline (and hybrid) training job: its stage, links, optimizer and timer.
+
+    Parameters
+    ----------
+    comm: the world :class:`~mpisparse.comm.Communicator` (``W`` ranks, a multiple of ``mp.stages``).
+    cfg: the :class:`mpisparse.train.loop.TrainConfig` (``scheme`` is ``dense`` or ``dct-mp``).
+    mp: the :class:`~mpisparse.mp.config.MPConfig`.
+    dataset: an already loaded :class:`mpisparse.data.Dataset` (loaded from ``cfg`` when None).
+    """
+
+    def __init__(self, comm, cfg, mp: MPConfig, *, dataset=None):
+        self.comm, self.cfg, self.mp = comm, cfg, mp
+        if is_lm(cfg.model):
+            raise ValueError(f"--model {cfg.model} cannot be split into pipeline stages")
+        self.layout, self.pipe, self.group = split_communicators(comm, mp.stages)
+        S = mp.stages
+        self.stage = self.pipe.rank
+        self.replica = self.layout.replica_of(comm.rank)
+        self.first, self.last = self.stage == 0, self.stage == S - 1
+
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.set_num_threads(1)
+        self.ds = dataset if dataset is not None else load_dataset(
+            cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, image=needs_image(cfg.model))
+        model = build_model(cfg.model, input_shape=self.ds.input_shape, num_classes=self.ds.num_classes)
+        self.n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        self.plan = plan_stages(model, S, mp.split_after or None)
+        self.shapes = split_shapes(model, self.plan.cuts, self.ds.train_x[:1])
+        self.module = stage_module(model, self.plan, self.stage)
+        del model
+
+        self.timer = PhaseTimer()
+        scheme_cls = SCHEMES[cfg.scheme]
+        if scheme_cls.family == "mp":
+            opts = scheme_cls.validate_options(dict(cfg.scheme_options))
+            self.threshold = opts.get("mp_threshold")
+            sparsifier = scheme_cls.sparsifier(cfg.density, **opts)
+        elif cfg.scheme == "dense":
+            self.threshold, sparsifier = None, None
+        else:
+            raise ValueError(f"--scheme {cfg.scheme} is not a pipeline scheme (dense or dct-mp)")
+        self.prev = (None if self.first else
+                     ActivationLink(self.pipe, self.stage - 1, self.shapes[self.stage - 1], None, self.timer))
+        self.next = (None if self.last else
+                     ActivationLink(self.pipe, self.stage + 1, self.shapes[self.stage], sparsifier, self.timer))
+
+        dp_cls = SCHEMES[mp.dp_scheme]
+        if dp_cls.family != "collective":
+            raise ValueError(f"--dp-scheme {mp.dp_scheme} is not a data-parallel scheme")
+        dp_opts = dict(mp.dp_options)
+        if dp_cls.provides_momentum:
+            dp_opts.setdefault("momentum", cfg.momentum)
+        self.sgd = torch.optim.SGD(self.module.parameters(), lr=cfg.lr,
+                                   momentum=0.0 if dp_cls.provides_momentum else cfg.momentum,
+                                   weight_decay=cfg.weight_decay)
+        self.dp_density = cfg.density if mp.dp_density is None else mp.dp_density
+        # one replica with the dense scheme: nothing to exchange, step the optimizer directly
+        self.dopt = None
+        if self.layout.replicas > 1 or mp.dp_scheme != "dense":
+            self.dopt = DistributedOptimizer(self.sgd, self.module, mp.dp_scheme, self.dp_density, comm=self.group,
+                                             timer=self.timer, memory=cfg.memory, seed=cfg.seed, **dp_opts)
+        self.skipped_steps = 0
+        self.steps = 0
+        self._dp_selected: list[float] = []
+
+    # ------------------------------------------------------------ one step
+    def bytes_sent(self) -> int:
+        """Payload bytes this rank has sent on its pipeline and stage-group communicators."""
+        return self.pipe.bytes_sent + self.group.bytes_sent
+
+    def train_step(self, x: torch.Tensor | None, y: torch.Tensor) -> float | None:
+        """Forward and backward of one batch through the pipeline, then the optimizer step.
+
+        Every stage passes the batch's labels ``y`` (for its size and the
+        micro-batch split); only stage 0 needs ``x``.  Returns the batch's
+        mean loss on the last stage, None elsewhere.
+        """
+        rows = int(y.shape[0])
+        M = min(self.mp.micro_batches, rows)
+        ys = torch.tensor_split(y, M) if M > 1 else (y,)
+        xs = (torch.tensor_split(x, M) if M > 1 else (x,)) if self.first else (None,) * M
+        saved = []
+        # forward passes of all micro-batches (GPipe)
+        for m in range(M):
+            inp = xs[m] if self.first else self.prev.recv_activations(m)
+            with self.timer.phase("forward"):
+                out = self.module(inp)
+                if self.last:
+                    out = (F.cross_entropy(out, ys[m]) if M == 1
+                           else F.cross_entropy(out, ys[m], reduction="sum") / rows)
+            if not self.last:
+                self.next.send_activations(out, m)
+            saved.append((inp, out))
+        # backward passes in reverse order
+        loss = 0.0
+        for m in reversed(range(M)):
+            inp, out = saved[m]
+            grad = None if self.last else self.next.recv_gradients(int(ys[m].shape[0]), m)
+            with self.timer.phase("backward"):
+                if m == M - 1:
+                    self.sgd.zero_grad()
+                out.backward(grad)
+            if self.last:
+                loss += out.item()
+            if not self.first:
+                self.prev.send_gradients(inp.grad, m)
+        saved.clear()
+        # the optimizer step (after the data-parallel exchange in the stage's group)
+        if self.dopt is not None:
+            stepped = self.dopt.step()
+            if stepped:
+                self._dp_selected.append(self.dopt.scheme.selected_global() / self.dopt.layout.n)
+            else:
+                self.skipped_steps += 1
+        else:
+            with self.timer.phase("update"):
+                self.sgd.step()
+        self.steps += 1
+        return loss if self.last else None
+
+    # ------------------------------------------------------------ evaluation
+    def evaluate(self, batches) -> dict[str, float]:
+        """Loss and accuracy over every replica's share of a set, through the pipeline (no stats)."""
+        self.module.eval()
+        loss_sum = correct = count = 0.0
+        with torch.no_grad():
+            for x, y in batches:
+                inp = x if self.first else self.prev.recv_activations(training=False)
+                out = self.module(inp)
+                if self.last:
+                    loss_sum += F.cross_entropy(out, y, reduction="sum").item()
+                    correct += (out.argmax(1) == y).sum().item()
+                    count += y.numel()
+                else:
+                    self.next.send_activations(out, training=False)
+        self.module.train()
+        loss_sum, correct, count = self.comm.allreduce(np.array([loss_sum, correct, count], dtype=np.float64))
+        return {"loss": loss_sum / max(count, 1.0), "accuracy": correct / max(count, 1.0)}
+
+    # ------------------------------------------------------------ the run
+    def run(self, *, progress: Callable[[str | None], None] | None = None,
+            step_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        cfg, ds = self.cfg, self.ds
+        R = self.layout.replicas
+        n_train = len(ds.train_y)
+        per_rank = n_train // R
+        if per_rank == 0:
+            raise ValueError(f"{n_train} training samples cannot be shared by {R} replicas")
+        test_idx = np.arange(len(ds.test_y))[self.replica::R]
+        test_batches = list(iterate_batches(ds.test_x, ds.test_y, test_idx, 512))
+        history: list[dict[str, Any]] = []
+        step_bytes: list[int] = []
+        dp_bytes: list[int] = []
+        occupancy: list[float] = []
+        t_start = time.perf_counter()
+        for epoch in range(cfg.epochs):
+            idx = shard_indices(n_train, self.replica, R, seed=cfg.seed, epoch=epoch)[:per_rank]
+            batches = list(iterate_batches(ds.train_x, ds.train_y, idx, cfg.batch_size))
+            losses = []
+            for b, (x, y) in enumerate(batches):
+                before, before_dp = self.bytes_sent(), self.group.bytes_sent
+                kept0 = (self.next.stats.kept, self.next.stats.entries) if self.next else (0, 0)
+                with self.timer.step():
+                    loss = self.train_step(x if self.first else None, y)
+                nbytes = self.bytes_sent() - before
+                step_bytes.append(nbytes)
+                dp_bytes.append(self.group.bytes_sent - before_dp)
+                if self.next is not None:
+                    k, e = self.next.stats.kept - kept0[0], self.next.stats.entries - kept0[1]
+                    occupancy.append(k / e if e else 0.0)
+                loss = self.pipe.bcast_obj(loss, root=self.mp.stages - 1)  # control plane, not counted
+                if self.last:
+                    losses.append(loss)
+                if step_log is not None:
+                    step_log({"epoch": epoch, "batch": b, "iteration": self.steps, "loss": loss,
+                              "step_seconds": self.timer.records[-1]["step"],
+                              "wall_seconds": time.perf_counter() - t_start, "bytes": nbytes,
+                              "density": occupancy[-1] if occupancy else 1.0, "skipped": False})
+                if progress is not None:
+                    progress(f"epoch {epoch + 1}/{cfg.epochs} batch {b + 1}/{len(batches)} loss {loss:.4f}")
+            loss_sum, loss_count = self.comm.allreduce(np.array([sum(losses), len(losses)], dtype=np.float64))
+            test = self.evaluate(test_batches)
+            record = {"epoch": epoch + 1, "iteration": self.steps, "wall_seconds": time.perf_counter() - t_start,
+                      "train_loss": float(loss_sum / max(loss_count, 1.0)),
+                      **{f"test_{k}": v for k, v in test.items()}}
+            history.append(record)
+            if progress is not None:
+                progress(None)
+                progress(_epoch_line(record, cfg.epochs))
+        return self.result(history, step_bytes, dp_bytes)
+
+    # ------------------------------------------------------------ the result object
+    def _split_report(self) -> dict[str, Any]:
+        """What this rank knows about its splits (gathered by :meth:`result`)."""
+        mine: dict[str, Any] = {"stage": self.stage, "replica": self.replica, "steps": max(self.steps, 1)}
+        if self.next is not None:
+            mine["next"] = self.next.stats.to_dict()
+            sp = self.next.sparsifier
+            mine["tau"] = None if sp is None else sp.tau
+        if self.prev is not None:
+            mine["prev"] = self.prev.stats.to_dict()
+        return mine
+
+    def result(self, history: list[dict[str, Any]], step_bytes: list[int],
+               dp_bytes: list[int] | None = None) -> dict[str, Any]:
+        """The result object from this run's history and per-step byte counts (collective over ``comm``)."""
+        cfg, mp, S = self.cfg, self.mp, self.mp.stages
+        means = self.timer.means()
+        phases = reduce_over_ranks(self.comm, means)
+        everyone = self.comm.allgather_obj({**self._split_report(), "phases": means,
+                                            "bytes": float(np.mean(step_bytes)) if step_bytes else 0.0,
+                                            "dp_bytes": float(np.mean(dp_bytes)) if dp_bytes else 0.0,
+                                            "dp_selected": self._dp_selected, "dp_n": (
+                                                self.dopt.layout.n if self.dopt else 0),
+                                            "skipped": self.skipped_steps})
+        splits = []
+        for j in range(S - 1):
+            senders = [e for e in everyone if e["stage"] == j]
+            receivers = [e for e in everyone if e["stage"] == j + 1]
+            fwd = [e["next"]["bytes_forward"] / e["steps"] for e in senders]
+            dense_f = [e["next"]["dense_bytes_forward"] / e["steps"] for e in senders]
+            bwd = [e["prev"]["bytes_backward"] / e["steps"] for e in receivers]
+            dense_b = [e["prev"]["dense_bytes_backward"] / e["steps"] for e in receivers]
+            kept = sum(e["next"]["kept"] for e in senders)
+            entries = sum(e["next"]["entries"] for e in senders)
+            enc: dict[str, int] = {}
+            for e in senders:
+                for k, v in e["next"]["encodings"].items():
+                    enc[k] = enc.get(k, 0) + v
+            taus = [e["tau"] for e in senders if e.get("tau") is not None]
+            splits.append({
+                "after": self.plan.split_after[j], "activation_shape": list(self.shapes[j]),
+                "bytes_forward": max(fwd), "bytes_backward": max(bwd),
+                "dense_bytes_forward": max(dense_f), "dense_bytes_backward": max(dense_b),
+                "compression_forward": max(dense_f) / max(fwd) if max(fwd) else 0.0,
+                "compression_backward": max(dense_b) / max(bwd) if max(bwd) else 0.0,
+                "occupancy": kept / entries if entries else 0.0,
+                "mask_encodings": enc,
+                **({"tau_last": float(np.mean(taus))} if taus else {}),
+            })
+        sent = sum(s["bytes_forward"] + s["bytes_backward"] for s in splits)
+        dense = sum(s["dense_bytes_forward"] + s["dense_bytes_backward"] for s in splits)
+        per_stage = []
+        for s in range(S):
+            rows = [e["phases"] for e in everyone if e["stage"] == s]
+            names = [p for p in [*PHASES, "step"] if any(p in r for r in rows)]
+            per_stage.append({p: max(r.get(p, 0.0) for r in rows) for p in names})
+        dp_sel = sum(sum(e["dp_selected"]) / max(len(e["dp_selected"]), 1) * e["dp_n"] for e in everyone
+                     if e["dp_selected"])
+        dp_n = sum(e["dp_n"] for e in everyone if e["dp_selected"])
+        step = phases.pop("step", {"mean": 0.0, "max": 0.0})
+        final = dict(history[-1]) if history else {}
+        # DCT-MP's achieved density: kept activation entries / entries, over all splits and steps
+        kept_all = sum(e["next"]["kept"] for e in everyone if "next" in e)
+        entries_all = sum(e["next"]["entries"] for e in everyone if "next" in e)
+        return {
+            "scheme": cfg.scheme,
+            "world_size": self.comm.size,
+            "density_target": cfg.density,
+            "density_actual": kept_all / entries_all if entries_all else 0.0,
+            "bytes_sent_per_rank": max(e["bytes"] for e in everyone),
+            "phases": {k: v["max"] for k, v in phases.items()},
+            "phases_mean_over_ranks": {k: v["mean"] for k, v in phases.items()},
+            "step_seconds": step["max"],
+            "step_seconds_mean_over_ranks": step["mean"],
+            "skipped_steps": max(e["skipped"] for e in everyone),
+            "n": self.n_params,
+            "config": {**asdict(cfg), "mp": asdict(mp),
+                       **{f"scheme.{k}": v for k, v in cfg.scheme_options.items()}},
+            "metrics": {"final": final, "per_epoch": history},
+            "mp": {
+                "stages": S, "replicas": self.layout.replicas, "micro_batches": mp.micro_batches,
+                "threshold": self.threshold, **self.plan.to_dict(), "splits": splits,
+                "bytes_forward": sum(s["bytes_forward"] for s in splits),
+                "bytes_backward": sum(s["bytes_backward"] for s in splits),
+                "dense_bytes": dense,
+                "compression_factor": dense / sent if sent else 0.0,
+                "phases_per_stage": per_stage,
+                "dp_scheme": mp.dp_scheme, "dp_density": self.dp_density,
+                "dp_density_actual": dp_sel / dp_n if dp_n else None,
+                "dp_bytes_sent_per_rank": max(e["dp_bytes"] for e in everyone),
+            },
+        }
+
+
+def run_mp_training(comm, cfg, mp: MPConfig, *, progress: Callable[[str | None], None] | None = None,
+                    step_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train ``cfg`` as ``W / S`` replicas of an ``S``-stage pipeline on ``comm``; returns the result object.
+
+    The object has the keys of :func:`mpisparse.train.loop.run_training`
+    (DESIGN.md section 2) plus ``mp``: stages, replicas, the split, per split
+    the bytes sent forward and backward per step (max over replicas), what a
+    dense pipeline would send, the compression factors and the achieved
+    occupancy, and per-stage phase times.
+    """
+    return MPTrainer(comm, cfg, mp).run(progress=progress, step_log=step_log)
+
+
+def _epoch_line(r: dict[str, Any], epochs: int) -> str:
+    return (f"epoch {r['epoch']}/{epochs}  train loss {r['train_loss']:.4f}  test loss {r['test_loss']:.4f}  "
+            f"test acc {100 * r['test_accuracy']:.2f}%  ({r['wall_seconds']:.1f}s)")

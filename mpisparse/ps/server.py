@@ -1,0 +1,189 @@
+"""The server's message loop: pushes in, pulls out, until every worker is done.
+
+One loop per server rank, single-threaded and message-driven:
+
+1. send every worker its init bundle (the shard as ``MODEL``; Slim-DP adds
+   its core keys) -- Slim-DP Alg. 1, worker l.1 ``w_k^0 <- Pull(w^0)``;
+2. repeat until every worker has sent ``DONE``: ``probe`` the next message
+   (phase ``wait``), receive it (``push``), and
+   - ``PUSH`` / ``PUSH_FULL``: *asynchronous* mode applies it at once
+     (``server_apply``) and answers that worker (``pull``); *synchronous*
+     mode keeps it until every active worker has pushed in this round, then
+     applies the round in worker order and answers each worker;
+   - ``GET``: answer with the shard as it is now (``MODEL``);
+   - ``DONE``: the worker leaves; in synchronous mode a round then waits
+     only for the workers still active, so workers may stop at different
+     times without a deadlock;
+3. send every worker its final bundle (the shard; DGS first sends the
+   pending model difference).
+
+Modes: ``sync`` (Slim-DP, Plump-DP as evaluated in seed 003), ``async``
+(ASGD, DGS: pushes in arrival order from any source) and ``round-robin``
+(asynchronous, but the server takes workers in turn 0, 1, ..., K-1, 0, ...:
+the same arithmetic as ``async`` in a fixed order, so runs are
+reproducible; the equality tests use it).
+
+Waiting polls politely when ranks share cores (:mod:`.polling`).  Replies
+go out with non-blocking sends (:meth:`Communicator.isend`): a
+server never blocks on a worker, so a worker blocked pushing to another
+server can never close a wait cycle.  A reply's buffers are completed
+before the next reply to the same worker.
+
+Staleness: the server counts applied updates (``version``: pushes in
+asynchronous mode, rounds in synchronous mode); a push's staleness is the
+number of updates applied since its worker's last pull (0 in synchronous
+mode, ``K - 1`` in steady round-robin).  The histogram goes into the JSON.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..timing import PhaseTimer
+from .algorithm import ServerAlgorithm
+from .polling import Poller
+from .protocol import DONE, GET, MODEL, PUSH, PUSH_FULL, Part, ProtocolError, recv_bundle, send_bundle
+from .roles import Roles, Shard
+
+MODES = ("sync", "async", "round-robin")
+
+
+@dataclass
+class ServerStats:
+    pushes: int = 0
+    recorded_pushes: int = 0
+    rounds: int = 0
+    reply_bytes: list[int] = field(default_factory=list)
+    setup_bytes: int = 0
+    get_bytes: int = 0
+    final_bytes: int = 0
+    staleness: Counter = field(default_factory=Counter)
+    done_order: list[int] = field(default_factory=list)
+
+    def summary(self, timer: PhaseTimer) -> dict[str, Any]:
+        totals: dict[str, float] = {}
+        for rec in timer.records:
+            for k, v in rec.items():
+                totals[k] = totals.get(k, 0.0) + v
+        per = max(self.recorded_pushes, 1)
+        return {
+            "role": "server",
+            "pushes": self.pushes,
+            "rounds": self.rounds,
+            "phases": {k: v / per for k, v in totals.items() if k != "step"},
+            "bytes_per_communication": (sum(self.reply_bytes) / len(self.reply_bytes)) if self.reply_bytes else 0.0,
+            "setup_bytes": self.setup_bytes,
+            "get_bytes": self.get_bytes,
+            "final_bytes": self.final_bytes,
+            "staleness": dict(self.staleness),
+            "done_order": list(self.done_order),
+        }
+
+
+class ServerLoop:
+    """Serve ``roles.workers`` workers with ``algo`` on ``shard`` until all are done."""
+
+    def __init__(self, comm, roles: Roles, shard: Shard, algo: ServerAlgorithm, *, mode: str,
+                 timer: PhaseTimer | None = None, warmup: int = 0):
+        if mode not in MODES:
+            raise ValueError(f"server mode {mode!r}; choose one of {', '.join(MODES)}")
+        self.comm = comm
+        self.roles = roles
+        self.shard = shard
+        self.algo = algo
+        self.mode = mode
+        self.timer = timer if timer is not None else PhaseTimer()
+        self.warmup = int(warmup)
+        self.stats = ServerStats()
+        self.poller = Poller(comm)
+        K = roles.workers
+        self._pending: dict[int, list] = {k: [] for k in range(K)}
+        self._round: dict[int, Any] = {}
+        self._version = 0
+        self._last_pull = [0] * K
+
+    # ------------------------------------------------------------------ sends
+    def _send(self, worker: int, parts: list[Part]) -> int:
+        before = self.comm.bytes_sent
+        self.comm.waitall(self._pending[worker])
+        self._pending[worker] = []
+        send_bundle(self.comm, parts, worker, self._pending[worker])
+        return self.comm.bytes_sent - before
+
+    def _reply(self, worker: int) -> None:
+        with self.timer.phase("pull"):
+            self.stats.reply_bytes.append(self._send(worker, self.algo.reply(worker)))
+        self._last_pull[worker] = self._version
+
+    def _complete_round_if_ready(self, active: list[int]) -> None:
+        if not self._round or set(self._round) != set(active):
+            return
+        items = sorted(self._round.items())  # worker order: the sum is reproducible
+        with self.timer.phase("server_apply"):
+            self.algo.apply(items)
+        self._version += 1
+        self.stats.rounds += 1
+        self._round.clear()
+        for worker, _ in items:
+            self._reply(worker)
+
+    # ------------------------------------------------------------------- loop
+    def run(self) -> ServerStats:
+        comm, K, st = self.comm, self.roles.workers, self.stats
+        for k in range(K):
+            st.setup_bytes += self._send(k, self.algo.init_parts(k))
+        active = list(range(K))
+        turn = 0  # round-robin: position in ``active`` of the worker served next
+        while active:
+            self.timer.recording = st.pushes >= self.warmup * K
+            with self.timer.step():
+                expect = active[turn % len(active)] if self.mode == "round-robin" else None
+                with self.timer.phase("wait"):
+                    source, kind, nbytes = self.poller.probe(expect)
+                if source not in active:
+                    raise ProtocolError(f"server {self.shard.index}: message {kind} from rank {source}, "
+                                        f"which is not an active worker")
+                if kind in (PUSH, PUSH_FULL):
+                    with self.timer.phase("push"):
+                        parts = recv_bundle(comm, source, first=(kind, nbytes))
+                        push = self.algo.receive(source, parts)
+                    st.pushes += 1
+                    if self.timer.recording:  # warm-up pushes (bench step) are not counted
+                        st.recorded_pushes += 1
+                        st.staleness[self._version - self._last_pull[source]] += 1
+                    if self.mode == "sync":
+                        if source in self._round:
+                            raise ProtocolError(f"worker {source} pushed twice in one synchronous round")
+                        self._round[source] = push
+                        self._complete_round_if_ready(active)
+                    else:
+                        with self.timer.phase("server_apply"):
+                            self.algo.apply([(source, push)])
+                        self._version += 1
+                        self._reply(source)
+                        turn = (active.index(source) + 1) % len(active)
+                elif kind == GET:
+                    recv_bundle(comm, source, first=(kind, nbytes))
+                    st.get_bytes += self._send(source, [Part(MODEL, values=self.algo.model().copy())])
+                elif kind == DONE:
+                    recv_bundle(comm, source, first=(kind, nbytes))
+                    pos = active.index(source)
+                    active.remove(source)
+                    st.done_order.append(source)
+                    if active:
+                        turn = pos % len(active)
+                    if self.mode == "sync":
+                        if source in self._round:
+                            raise ProtocolError(f"worker {source} sent DONE while its push waits for an answer")
+                        self._complete_round_if_ready(active)
+                else:
+                    raise ProtocolError(f"server {self.shard.index}: unexpected message kind {kind} "
+                                        f"from rank {source}")
+        # 3. every worker's final bundle
+        for k in range(K):
+            st.final_bytes += self._send(k, self.algo.final_parts(k))
+        self.poller.wait([p for k in range(K) for p in self._pending[k]])
+        self._pending = {k: [] for k in range(K)}
+        return st

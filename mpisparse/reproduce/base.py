@@ -1,0 +1,300 @@
+"""What a reproduce target is, the context it runs in, and its claim-vs-measured report.
+
+A :class:`Target` names one seed paper's claim (a figure or table), runs the
+``mpisparse`` jobs that measure it through :meth:`Context.run` (each one a
+subprocess whose command line is printed first, see
+:mod:`mpisparse.bench.runs`) and returns a :class:`Report`: detail tables of
+what was measured and a list of :class:`Claim` rows -- the paper's claim,
+quoted or paraphrased with its figure/table number, the paper's value, the
+measured value, and whether the measurement agrees.
+
+Sizes: ``full`` (a cluster run: the paper's models, more ranks), ``quick``
+(``--quick``: a few minutes on two cores) and ``tiny`` (``--quick`` with
+``MPISPARSE_QUICK=1``: the smallest form, for CI).  A target picks its
+parameters with :meth:`Context.pick`.
+
+A target's ``evaluate``-style helpers are pure functions of the loaded JSON
+results, so the tests check them without MPI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import textwrap
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+from ..bench.runs import SubRun, display_command, emucluster_status, run_subrun
+
+__all__ = ["Claim", "Context", "Report", "Target", "Skip", "SIZES", "format_claims", "claims_markdown",
+           "fmt_series", "machine_info"]
+
+SIZES = ("full", "quick", "tiny")
+
+
+class Skip(Exception):
+    """The target cannot run here (a scheme or package is missing); the message says why."""
+
+
+@dataclass
+class Claim:
+    """One row of the claim-vs-measured table."""
+
+    source: str  # "Fig. 1", "Table 1", "Sec. 3.4"
+    claim: str  # the paper's claim, quoted or paraphrased
+    paper: str  # the paper's value(s)
+    measured: str  # what this run measured
+    holds: bool | None  # None: not comparable (e.g. another W than the paper's)
+    note: str = ""
+
+
+@dataclass
+class Report:
+    target: str
+    title: str
+    seed: str
+    size: str
+    claims: list[Claim] = field(default_factory=list)
+    #: (title, text table) pairs printed before the claims
+    details: list[tuple[str, str]] = field(default_factory=list)
+    #: measured numbers behind the claims (written to --json)
+    data: dict[str, Any] = field(default_factory=dict)
+    commands: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    network: str = ""
+    skipped: str | None = None
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "title": self.title, "seed": self.seed, "size": self.size,
+                "network": self.network, "machine": machine_info(), "commands": self.commands,
+                "claims": [asdict(c) for c in self.claims], "details": [{"title": t, "table": x}
+                                                                        for t, x in self.details],
+                "data": self.data, "notes": self.notes, "skipped": self.skipped, "seconds": self.seconds}
+
+
+def machine_info() -> dict[str, Any]:
+    """The machine the driver runs on (the MPI library read without starting MPI)."""
+    info: dict[str, Any] = {"platform": platform.platform(), "machine": platform.machine(),
+                            "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    try:
+        import numpy
+
+        info["numpy"] = numpy.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        import mpi4py
+
+        mpi4py.rc.initialize = False
+        from mpi4py import MPI
+
+        info["mpi"] = MPI.Get_library_version().strip().splitlines()[0]
+    except Exception:  # noqa: BLE001 - informational only
+        info["mpi"] = "unknown"
+    return info
+
+
+class Context:
+    """Where a target runs: size, output directory, time limit, world sizes, network, printing."""
+
+    def __init__(self, *, size: str = "quick", out_dir: str | Path, timeout: int = 900,
+                 worlds: Sequence[int] | None = None, max_world: int | None = None, emucluster: str = "auto",
+                 stream: bool = False, echo: Callable[[str], None] = print):
+        if size not in SIZES:
+            raise ValueError(f"size is {size!r}; allowed: {', '.join(SIZES)}")
+        self.size = size
+        self.out_dir = Path(out_dir)
+        self.timeout = int(timeout)
+        self.worlds_given = list(worlds) if worlds else None
+        self.max_world = max_world
+        self.emucluster = emucluster
+        self.stream = stream
+        self.echo = echo
+        self.commands: list[str] = []
+
+    # ------------------------------------------------------------ parameters
+    def pick(self, full: Any, quick: Any, tiny: Any = None) -> Any:
+        """The value for this size (``tiny`` defaults to ``quick``)."""
+        return {"full": full, "quick": quick, "tiny": quick if tiny is None else tiny}[self.size]
+
+    def worlds(self, default: Sequence[int]) -> list[int]:
+        """``--worlds`` if given; with ``-n W`` the defaults below W, then W; else the defaults."""
+        if self.worlds_given:
+            return list(self.worlds_given)
+        if self.max_world is not None:
+            return [w for w in default if w < self.max_world] + [self.max_world]
+        return list(default)
+
+    def world(self, default: int) -> int:
+        """A single world size: the largest of :meth:`worlds`."""
+        return max(self.worlds([default]))
+
+    def network(self, rate: str, *, auto: bool) -> tuple[str | None, str]:
+        """``(emucluster rate or None, description)`` for the runs a target wants network-bound.
+
+        ``--emucluster off`` never uses it; ``--emucluster RATE`` always
+        (at RATE); ``auto`` uses it at ``rate`` when ``auto`` is set and it
+        is available.
+        """
+        mode = self.emucluster
+        if mode == "off":
+            return None, "shared memory (--emucluster off)" + self._shm_suffix()
+        ok, why = emucluster_status()
+        if mode != "auto":
+            if not ok:
+                raise Skip(f"--emucluster {mode}: {why}")
+            return mode, f"emulated cluster: one rank per host, links of {mode} each way (bin/emucluster)"
+        if auto and ok:
+            return rate, f"emulated cluster: one rank per host, links of {rate} each way (bin/emucluster)"
+        if auto:
+            return None, f"shared memory, no emulated cluster ({why})" + self._shm_suffix()
+        return None, "shared memory" + self._shm_suffix()
+
+    @staticmethod
+    def _shm_suffix() -> str:
+        return f", {os.cpu_count()} cores"
+
+    # ------------------------------------------------------------------ runs
+    def path(self, name: str, ext: str) -> Path:
+        """Where a run's extra output goes (``OUT/name.ext``), e.g. a ``--csv`` log."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        return self.out_dir / f"{name}.{ext}"
+
+    def run(self, command: Sequence[str], options: Sequence[str], *, name: str, n: int | None = None,
+            rate: str | None = None, env: dict[str, str] | None = None) -> Any:
+        """Run ``mpisparse COMMAND [-n N] OPTIONS --json OUT/name.json``; print its command line; its JSON."""
+        path = self.out_dir / f"{name}.json"
+        run = SubRun(list(command), list(options) + ["--json", str(path)], n=n, json_path=path,
+                     emucluster_rate=rate, label=name,
+                     env=dict(env) if env is not None else {"OMP_NUM_THREADS": "1"})
+        line = display_command(run, self.timeout)
+        self.commands.append(line)
+        self.echo(f"$ {line}")
+        t0 = time.perf_counter()
+        out = run_subrun(run, timeout=self.timeout, stream=self.stream)
+        self.echo(f"  done in {time.perf_counter() - t0:.1f} s")
+        return out.result
+
+
+class Target:
+    """One seed claim: subclasses set the class attributes and implement :meth:`run`."""
+
+    name: ClassVar[str] = "abstract"
+    title: ClassVar[str] = ""
+    seed: ClassVar[str] = ""  # "001 DEFT (Yoon & Oh, ICPP 2023)"
+    sources: ClassVar[str] = ""  # "Fig. 1"
+    #: schemes that must be registered
+    requires_schemes: ClassVar[tuple[str, ...]] = ()
+    #: Python packages the underlying runs need (``train`` needs torch and scikit-learn)
+    requires_modules: ClassVar[tuple[str, ...]] = ()
+
+    def check(self) -> None:
+        """Raise :class:`Skip` naming what is missing."""
+        from ..schemes import SCHEMES
+
+        missing = [s for s in self.requires_schemes if s not in SCHEMES]
+        if missing:
+            many = len(missing) > 1
+            raise Skip(f"scheme{'s' if many else ''} {', '.join(repr(m) for m in missing)} "
+                       f"{'are' if many else 'is'} not registered in this installation (mpisparse/schemes/); "
+                       f"{self.name} runs once {'they exist' if many else 'it exists'}")
+        import importlib.util
+
+        for m in self.requires_modules:
+            if importlib.util.find_spec(m) is None:
+                raise Skip(f"{self.name} trains models: the Python package {m!r} is missing "
+                           "(pip install '.[train]')")
+
+    def run(self, ctx: Context) -> Report:
+        raise NotImplementedError
+
+    def report(self, ctx: Context, **kw: Any) -> Report:
+        return Report(target=self.name, title=self.title, seed=self.seed, size=ctx.size, **kw)
+
+
+# --------------------------------------------------------------------------- formatting
+def fmt_series(values: Sequence[float], labels: Sequence[Any], fmt: str = "{:.4f}", prefix: str = "W=") -> str:
+    """``0.0100 (W=1), 0.0174 (W=2)``."""
+    return ", ".join(f"{fmt.format(v)} ({prefix}{lab})" for v, lab in zip(values, labels))
+
+
+def holds_text(h: bool | None) -> str:
+    return "n/a" if h is None else ("yes" if h else "no")
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    out: list[str] = []
+    for para in str(text).split("\n"):
+        out += textwrap.wrap(para, width) or [""]
+    return out
+
+
+def format_claims(claims: Sequence[Claim], widths: tuple[int, int, int, int] = (10, 50, 30, 36)) -> str:
+    """The claim-vs-measured table, cells wrapped to ``widths`` (source, claim, paper, measured)."""
+    heads = ("source", "paper's claim", "paper", "measured", "holds")
+    w = list(widths) + [5]
+    sep = "  "
+    lines = [sep.join(h.ljust(x) for h, x in zip(heads, w)).rstrip(), sep.join("-" * x for x in w)]
+    for c in claims:
+        cols = [_wrap(c.source, w[0]), _wrap(c.claim, w[1]), _wrap(c.paper, w[2]), _wrap(c.measured, w[3]),
+                [holds_text(c.holds)]]
+        for i in range(max(len(col) for col in cols)):
+            lines.append(sep.join((col[i] if i < len(col) else "").ljust(x) for col, x in zip(cols, w)).rstrip())
+        if c.note:
+            for ln in _wrap("note: " + c.note, sum(w) + len(sep) * 4 - w[0] - len(sep)):
+                lines.append(" " * (w[0] + len(sep)) + ln)
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+def claims_markdown(claims: Sequence[Claim]) -> str:
+    """The same table in Markdown (for a README)."""
+    def cell(s: str) -> str:
+        return str(s).replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| source | paper's claim | paper | measured | holds |", "| --- | --- | --- | --- | --- |"]
+    for c in claims:
+        measured = c.measured + (f" ({c.note})" if c.note else "")
+        rows.append(f"| {cell(c.source)} | {cell(c.claim)} | {cell(c.paper)} | {cell(measured)} | "
+                    f"{holds_text(c.holds)} |")
+    return "\n".join(rows)
+
+
+def format_report(rep: Report) -> str:
+    """Everything printed after the runs: details, then the claim-vs-measured table."""
+    out = [f"\n== {rep.target}: {rep.title}", f"   seed {rep.seed}; size {rep.size}; {rep.network}"]
+    if rep.skipped:
+        out.append(f"SKIPPED: {rep.skipped}")
+        return "\n".join(out)
+    for title, table in rep.details:
+        out += ["", title, table]
+    if rep.notes:
+        out.append("")
+        out += [ln for n in rep.notes for ln in _wrap("* " + n, 110)]
+    out += ["", "claim vs measured", format_claims(rep.claims)]
+    out += ["", f"({rep.seconds:.0f} s; commands above, each a separate job)"]
+    return "\n".join(out)
+
+
+def write_report_json(path: str | Path, reports: Sequence[Report]) -> None:
+    obj: Any = reports[0].to_json() if len(reports) == 1 else [r.to_json() for r in reports]
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+    os.replace(tmp, path)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
+        return None
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+__all__ += ["format_report", "write_report_json", "holds_text"]

@@ -1,0 +1,78 @@
+"""``deft-speedup``: DEFT's selection speedup against W, seed 001 (DEFT) Fig. 9 and eq. 9.
+
+The paper (Fig. 9, LSTM on WikiText-2; Sec. 5.4): "the speedup of DEFT over
+the Top-k gradient selection increases as the number of workers increases"
+and "the speedup of DEFT is higher than the linear speedup" (eq. 9:
+``f(n) >= f_trivial(n) >= n``).
+
+Measured: ``bench select --mode deft`` (one process; every rank's Alg. 5
+share is timed one after another, so W can exceed the machine's cores):
+whole-vector top-k time over the slowest rank's layer-wise selection time,
+beside the model's eq. 6 prediction, and with DEFT's per-step overhead (the
+layer norms every rank computes, Alg. 3, the leader's Alg. 4) added.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..bench.report import Column, format_rows
+from .base import Claim, Context, Report, Target, fmt_series
+from .registry import register
+
+DENSITY = 0.001
+
+
+def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
+    rows = sorted(rows, key=lambda r: r["world_size"])
+    ws = [r["world_size"] for r in rows]
+    sp = [r["speedup_measured"] for r in rows]
+    rel = [s / sp[0] for s in sp] if sp and sp[0] > 0 else sp
+    claims = [Claim(
+        "Fig. 9, Sec. 5.4", "The speedup of DEFT's layer-wise selection over Top-k selection increases as the "
+                            "number of workers increases (LSTM, WikiText-2).",
+        "increasing with W (W=1 is the Top-k selection itself)",
+        "measured " + fmt_series(sp, ws, "{:.2f}x"),
+        len(sp) > 1 and all(b > a for a, b in zip(sp, sp[1:])))]
+    multi = [(w, s) for w, s in zip(ws, sp) if w > 1]
+    claims.append(Claim(
+        "Sec. 5.4, eq. 9", "The speedup of DEFT is higher than the linear speedup: f(n) >= f_trivial(n) >= n.",
+        "speedup >= W", ", ".join(f"{s / w:.2f} W (W={w})" for w, s in multi),
+        all(s >= w for w, s in multi) if multi else None,
+        note="speedup relative to the W=1 run: " + fmt_series(rel, ws, "{:.2f}x")))
+    return claims
+
+
+@register
+class DeftSpeedup(Target):
+    name = "deft-speedup"
+    title = "DEFT's selection speedup over whole-vector top-k against W (one process)"
+    seed = "001 DEFT (Yoon & Oh, ICPP 2023)"
+    sources = "Fig. 9; Sec. 5.4, eq. 9"
+    requires_schemes = ("deft",)
+
+    def run(self, ctx: Context) -> Report:
+        worlds = ctx.worlds(ctx.pick([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16], [1, 2, 4]))
+        repeats = ctx.pick(5, 3, 1)
+        rows = ctx.run(["bench", "select"], ["--mode", "deft", "--model", "lstm-wt2", "--worlds",
+                                             ",".join(map(str, worlds)), "--density", f"{DENSITY:g}",
+                                             "--repeats", str(repeats)], name="select-deft")
+        ms = "{:.2f}"
+        cols = [Column("world_size", "W"), Column("layers", "layers"), Column("topk_ms", "top-k ms", ms),
+                Column("deft_max_ms", "deft max ms", ms), Column("imbalance", "imbalance", "{:.2f}"),
+                Column("overhead_ms", "overhead ms", ms), Column("speedup_measured", "speedup", "{:.2f}x"),
+                Column("speedup_with_overhead", "incl. overhead", "{:.2f}x"),
+                Column("speedup_predicted", "eq. 6", "{:.2f}x")]
+        table = [{**r, "topk_ms": r["topk_seconds"] * 1e3, "deft_max_ms": r["deft_max_seconds"] * 1e3,
+                  "overhead_ms": r["overhead_seconds"] * 1e3} for r in rows]
+        details = [(f"lstm-wt2 shapes ({rows[0]['n']:,} elements), density {DENSITY:g}, best of {repeats}, "
+                    "OMP_NUM_THREADS=1", format_rows(table, cols))]
+        notes = ["every rank's share runs in one process one after another: the times are single-core "
+                 "compute, not wall-clock of a W-rank job",
+                 "Fig. 9 times the layer-wise selection (Alg. 5) alone; counting also the layer norms every rank "
+                 "computes (a pass over the whole vector), Alg. 3 and the leader's Alg. 4, the speedup is "
+                 + fmt_series([r["speedup_with_overhead"] for r in rows], [r["world_size"] for r in rows],
+                              "{:.2f}x")]
+        return self.report(ctx, claims=evaluate(rows), details=details, commands=list(ctx.commands),
+                           data={"rows": [{k: v for k, v in r.items() if k != "per_rank_seconds"} for r in rows]},
+                           network="one process (no MPI)", notes=notes)

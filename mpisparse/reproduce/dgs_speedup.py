@@ -1,0 +1,182 @@
+"""``dgs-speedup``: DGS against dense asynchronous SGD under low bandwidth, seed 004 (DGS slides).
+
+The slides (Yan et al., "Dual-Way Gradient Sparsification for Asynchronous
+Distributed Deep Learning"): the "Low Bandwidth Results" slide plots "Time vs
+Training Loss on 8 workers with 1Gbps Ethernet" and the "Speed up" slide
+"Speedups for DGS and ASGD on ImageNet with 10Gbps and 1Gbps Ethernet" (the
+text gives no numbers: DGS trains faster than ASGD in wall-clock time, most
+at 1 Gbps); the CIFAR-10 table gives the accuracy, e.g. at 4 workers ASGD
+90.7 % (-2.38 % from single-node MSGD) against DGS 92.91 % (-0.17 %), and DGS
+within 0.4 % of MSGD from 1 to 32 workers.
+
+Measured: ``train --servers 1 --scheme asgd --scheme dgs --csv`` (K
+workers, one server, the MLP on the bundled digits), on the emulated cluster
+when it is available (one rank per host, rate-limited links:
+``bin/emucluster``), otherwise on shared memory -- the report says which.
+From worker 0's per-step training loss (mean of 10 steps) against
+wall-clock time: the time each scheme needs to reach the lowest loss both
+reach, and the ratio ASGD / DGS ("time vs training loss"); from the
+per-epoch test accuracy: the same for the best accuracy both reach (at most
+95 %); the per-step time ratio and the final accuracies.  The default link
+rate (100 Mbit/s) makes a dense push and pull of this small model take
+longer than its computation, as 1 Gbit/s does for ImageNet models.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..bench.report import Column, format_rows
+from .base import Claim, Context, Report, Target
+from .registry import register
+
+DENSITY = 0.01  # DGS's R: the fraction of each layer a worker pushes
+
+
+#: steps averaged for the training-loss curve (rank 0 = worker 0's minibatch losses)
+LOSS_WINDOW = 10
+
+
+def time_to_accuracy(result: dict[str, Any], target: float) -> float | None:
+    """Wall-clock seconds of the first epoch whose test accuracy reaches ``target`` (None: never)."""
+    for rec in result["metrics"]["per_epoch"]:
+        if rec.get("test_accuracy", 0.0) >= target:
+            return float(rec["wall_seconds"])
+    return None
+
+
+def read_loss_log(path) -> dict[str, list[tuple[float, float]]]:
+    """``train --csv``: per scheme, (wall seconds, loss) of each step of worker 0."""
+    import csv
+
+    out: dict[str, list[tuple[float, float]]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("skipped") in ("True", "1"):
+                continue
+            out.setdefault(row["scheme"], []).append((float(row["wall_seconds"]), float(row["loss"])))
+    return out
+
+
+def smoothed(points: Sequence[tuple[float, float]], window: int = LOSS_WINDOW) -> list[tuple[float, float]]:
+    """(wall, mean loss of the last ``window`` steps), from the ``window``-th step on."""
+    out = []
+    for i in range(window - 1, len(points)):
+        out.append((points[i][0], sum(p[1] for p in points[i - window + 1:i + 1]) / window))
+    return out
+
+
+def time_to_loss(points: Sequence[tuple[float, float]], target: float) -> float | None:
+    for wall, loss in smoothed(points):
+        if loss <= target:
+            return wall
+    return None
+
+
+def common_targets(results: Sequence[dict[str, Any]], logs: dict[str, list[tuple[float, float]]],
+                   accuracy_cap: float) -> tuple[float | None, float | None]:
+    """The training loss and the test accuracy every scheme reaches (accuracy capped at ``accuracy_cap``)."""
+    curves = [smoothed(logs.get(r["scheme"], [])) for r in results]
+    best_loss = [min(loss for _, loss in c) for c in curves if c]
+    loss = max(best_loss) if len(best_loss) == len(results) else None
+    accs = [max((e.get("test_accuracy", 0.0) for e in r["metrics"]["per_epoch"]), default=0.0) for r in results]
+    acc = min([accuracy_cap] + accs) if accs else None
+    return loss, acc
+
+
+def run_rows(results: Sequence[dict[str, Any]], logs: dict[str, list[tuple[float, float]]],
+             target_loss: float | None, target_acc: float | None) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        hist = r["metrics"]["per_epoch"]
+        rows.append({"scheme": r["scheme"], "W": r["world_size"], "workers": r.get("workers"),
+                     "epochs": len(hist), "wall": hist[-1]["wall_seconds"] if hist else float("nan"),
+                     "ttl": None if target_loss is None else time_to_loss(logs.get(r["scheme"], []), target_loss),
+                     "tta": None if target_acc is None else time_to_accuracy(r, target_acc),
+                     "step_ms": r["step_seconds"] * 1e3,
+                     "up": r.get("bytes_up_per_communication", r["bytes_sent_per_rank"]),
+                     "down": r.get("bytes_down_per_communication"),
+                     "accuracy": r["metrics"]["final"].get("test_accuracy"),
+                     "loss": r["metrics"]["final"].get("train_loss")})
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def evaluate(rows: Sequence[dict[str, Any]], target_loss: float | None, target_acc: float | None,
+             network: str) -> list[Claim]:
+    by = {r["scheme"]: r for r in rows}
+    if "asgd" not in by or "dgs" not in by:
+        return []
+    a, d = by["asgd"], by["dgs"]
+    where = "emulated cluster" if network.startswith("emulated") else "shared memory"
+    claims = []
+    rl = _ratio(a["ttl"], d["ttl"])
+    claims.append(Claim(
+        "slides: Low Bandwidth Results", "Under low bandwidth DGS reaches a given training loss sooner than "
+                                         "ASGD (time vs training loss, 8 workers, 1 Gbps Ethernet).",
+        "DGS's loss curve ahead of ASGD's in time (figure; no numbers in the text)",
+        "-" if rl is None else (f"{rl:.2f}x: training loss {target_loss:.3f} after {a['ttl']:.2f} s (ASGD) vs "
+                                f"{d['ttl']:.2f} s (DGS), {where}"),
+        None if rl is None else rl > 1,
+        note=f"time-to-loss ratio ASGD / DGS; loss = worker 0's, mean of {LOSS_WINDOW} steps; target = the "
+             "lowest loss both reach"))
+    ra = _ratio(a["tta"], d["tta"])
+    claims.append(Claim(
+        "slides: Speed up", "DGS achieves higher speedups than ASGD on ImageNet with 10 Gbps and 1 Gbps Ethernet.",
+        "DGS's speedup above ASGD's (figure only)",
+        "-" if ra is None else (f"{ra:.2f}x time to {100 * target_acc:.1f}% test accuracy ({a['tta']:.2f} s ASGD "
+                                f"vs {d['tta']:.2f} s DGS); per step {a['step_ms'] / d['step_ms']:.2f}x "
+                                f"({a['step_ms']:.2f} vs {d['step_ms']:.2f} ms), {where}"),
+        None if ra is None else ra > 1,
+        note="time-to-accuracy ratio ASGD / DGS, at epoch ends; target = the best accuracy both reach"))
+    claims.append(Claim(
+        "slides: CIFAR-10 table", "DGS loses less accuracy than ASGD (4 workers: ASGD 90.7%, DGS 92.91%; MSGD "
+                                  "93.08%).",
+        "DGS above ASGD at every worker count",
+        f"ASGD {100 * a['accuracy']:.2f}%, DGS {100 * d['accuracy']:.2f}% after {a['epochs']} epochs",
+        d["accuracy"] >= a["accuracy"]))
+    return claims
+
+
+@register
+class DgsSpeedup(Target):
+    name = "dgs-speedup"
+    title = "DGS vs ASGD on a parameter server under low bandwidth: time to accuracy"
+    seed = "004 DGS (Yan et al., slides)"
+    sources = "slides: Low Bandwidth Results, Speed up, CIFAR-10 table"
+    requires_schemes = ("asgd", "dgs")
+    requires_modules = ("torch", "sklearn")
+
+    def run(self, ctx: Context) -> Report:
+        w = ctx.world(ctx.pick(9, 3, 3))
+        epochs = ctx.pick(20, 5, 2)
+        cap = 0.95  # the accuracy target: the best both schemes reach, at most this
+        rate, network = ctx.network("100mbit", auto=True)
+        log = ctx.path(f"train-W{w}", "csv")
+        res = ctx.run(["train"], ["--servers", "1", "--model", "mlp", "--data", "digits", "--scheme", "asgd",
+                                  "--scheme", "dgs", "--density", f"{DENSITY:g}", "--epochs", str(epochs),
+                                  "--csv", str(log)], n=w, name=f"train-W{w}", rate=rate)
+        results = res if isinstance(res, list) else [res]
+        logs = read_loss_log(log)
+        target_loss, target_acc = common_targets(results, logs, cap)
+        rows = run_rows(results, logs, target_loss, target_acc)
+        acc_head = "s to acc" if target_acc is None else f"s to {100 * target_acc:.1f}%"
+        loss_head = "s to loss" if target_loss is None else f"s to loss {target_loss:.3f}"
+        cols = [Column("scheme", "scheme", align="<"), Column("workers", "workers"), Column("epochs", "epochs"),
+                Column("ttl", loss_head, "{:.2f}"), Column("tta", acc_head, "{:.2f}"),
+                Column("wall", "total s", "{:.2f}"), Column("step_ms", "step ms", "{:.2f}"),
+                Column("up", "bytes/push", "{:,.0f}"), Column("down", "bytes/pull", "{:,.0f}"),
+                Column("accuracy", "test acc", lambda v: f"{100 * v:.2f}%"), Column("loss", "train loss", "{:.4f}")]
+        details = [(f"MLP on digits, {w - 1} workers + 1 server, density {DENSITY:g} (DGS), {epochs} epochs",
+                    format_rows(rows, cols))]
+        notes = []
+        if rate is None:
+            notes.append("no emulated cluster: the ratios are measured on shared memory, where communication is "
+                         "nearly free, so they say little about low bandwidth")
+        return self.report(ctx, claims=evaluate(rows, target_loss, target_acc, network), details=details,
+                           commands=list(ctx.commands),
+                           data={"rows": rows, "target_loss": target_loss, "target_accuracy": target_acc},
+                           network=network, notes=notes)

@@ -1,0 +1,138 @@
+"""``slimdp-traffic``: communication of Slim-DP against Plump-DP, seed 003 (Slim-DP) Sec. 3.4 and Table 1.
+
+The paper:
+
+* Sec. 3.4: with key caching for the core, "the real amount of total
+  transferred information is (2 alpha - beta) n" for Slim-DP, against n for
+  Plump-DP;
+* Table 1 (hours of communication per worker for 10k mini-batches, K = 4):
+  Plump-DP 0.40 (GoogLeNet) and 4.09 (VGG-16), Slim-DP 0.18 and 1.18 --
+  "Slim-DP save about 55% and 70% of the communication time for GoogLeNet
+  and VGG-16"; K = 8: 0.57 / 5.51 against 0.25 / 1.65;
+* Table 2 (Speed_d, from Table 1): Slim-DP processes the same mini-batches
+  1.09x (GoogLeNet) and 1.32x (VGG-16) faster than Plump-DP at K = 4, 1.13x
+  and 1.41x at K = 8.  Settings: alpha = 0.2, beta = 0.1 for VGG-16;
+  alpha = 0.3, beta = 0.15 for GoogLeNet.
+
+Measured: ``bench step -n K+1 --servers 1 --scheme plumpdp --scheme slimdp
+--density alpha --core beta`` (K workers and one server; synthetic gradients
+shaped like the model): bytes a worker pushes per communication, and the
+workers' communication time per step ``T_comm = push + wait + pull`` (the
+time from sending the push until the answer is in; max over workers).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..bench.report import Column, format_rows
+from .base import Claim, Context, Report, Target, fmt_series
+from .registry import register
+
+#: Table 1: communication hours (Plump-DP, Slim-DP) per (model, K)
+PAPER_TCOMM = {("GoogLeNet", 4): (0.40, 0.18), ("VGG-16", 4): (4.09, 1.18), ("GoogLeNet", 8): (0.57, 0.25),
+               ("VGG-16", 8): (5.51, 1.65)}
+#: Table 2: Speed_d of Slim-DP
+PAPER_SPEED_D = {("GoogLeNet", 4): 1.09, ("VGG-16", 4): 1.32, ("GoogLeNet", 8): 1.13, ("VGG-16", 8): 1.41}
+TRAFFIC_TOLERANCE = 0.02  # relative, for (2 alpha - beta)
+_COMM = ("push", "wait", "pull")
+
+
+def t_comm(res: dict[str, Any]) -> float:
+    """Worker communication seconds per step (push + wait + pull, max over workers)."""
+    pw = res.get("phases_worker")
+    if pw:
+        return sum(pw.get(p, {}).get("max", 0.0) for p in _COMM)
+    return sum(res["phases"].get(p, 0.0) for p in _COMM)
+
+
+def traffic_rows(jobs: Sequence[tuple[str, float, float, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Rows from ``(model, alpha, beta, [plumpdp result, slimdp result])``."""
+    rows = []
+    for model, alpha, beta, results in jobs:
+        by = {r["scheme"]: r for r in results}
+        p, s = by["plumpdp"], by["slimdp"]
+        up_p = p.get("bytes_up_per_communication", p["bytes_sent_per_rank"])
+        up_s = s.get("bytes_up_per_communication", s["bytes_sent_per_rank"])
+        down_p = p.get("bytes_down_per_communication", up_p)
+        down_s = s.get("bytes_down_per_communication", up_s)
+        tp, ts = t_comm(p), t_comm(s)
+        rows.append({"model": model, "K": s.get("workers", s["world_size"] - 1), "W": s["world_size"],
+                     "alpha": alpha, "beta": beta, "model_ratio": 2 * alpha - beta,
+                     "up_plump": up_p, "up_slim": up_s, "up_ratio": up_s / up_p if up_p else float("nan"),
+                     "down_ratio": down_s / down_p if down_p else float("nan"),
+                     "tcomm_plump_ms": tp * 1e3, "tcomm_slim_ms": ts * 1e3,
+                     "saving": 1 - ts / tp if tp > 0 else float("nan"),
+                     "step_plump_ms": p["step_seconds"] * 1e3, "step_slim_ms": s["step_seconds"] * 1e3,
+                     "speed_d": p["step_seconds"] / s["step_seconds"] if s["step_seconds"] > 0 else float("nan")})
+    return rows
+
+
+def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
+    claims = []
+    if rows:
+        ok = all(abs(r["up_ratio"] / r["model_ratio"] - 1) <= TRAFFIC_TOLERANCE for r in rows)
+        claims.append(Claim(
+            "Sec. 3.4", "Slim-DP transfers (2 alpha - beta) n per communication (core values by key caching, "
+                        "explorer as <key, value> pairs), Plump-DP n.",
+            "ratio 2 alpha - beta (0.3 at alpha 0.2, beta 0.1)",
+            "; ".join(f"push {r['up_ratio']:.4f}, pull {r['down_ratio']:.4f} of Plump-DP's bytes "
+                      f"({r['model']}, K={r['K']}, model {r['model_ratio']:.2f})" for r in rows), ok,
+            note=f"holds = push ratio within {TRAFFIC_TOLERANCE:.0%} of 2 alpha - beta"))
+        claims.append(Claim(
+            "Table 1", "Slim-DP saves about 55% (GoogLeNet) and 70% (VGG-16) of Plump-DP's communication time at "
+                       "K=4 (0.18 vs 0.40 h, 1.18 vs 4.09 h); similar at K=8.",
+            "55% / 70% saved (K=4); 56% / 70% (K=8)",
+            "; ".join(f"{100 * r['saving']:.0f}% saved ({r['tcomm_slim_ms']:.1f} vs {r['tcomm_plump_ms']:.1f} ms "
+                      f"per step; {r['model']}, K={r['K']})" for r in rows),
+            all(r["saving"] > 0 for r in rows),
+            note="T_comm = push + wait + pull of a worker (max over workers); holds = any saving"))
+        claims.append(Claim(
+            "Table 2 (Speed_d)", "Slim-DP processes the same number of mini-batches faster than Plump-DP.",
+            "1.09x / 1.32x (GoogLeNet / VGG-16, K=4); 1.13x / 1.41x (K=8)",
+            fmt_series([r["speed_d"] for r in rows], [f"{r['model']}, K={r['K']}" for r in rows], "{:.2f}x",
+                       prefix=""),
+            all(r["speed_d"] > 1 for r in rows)))
+    return claims
+
+
+@register
+class SlimdpTraffic(Target):
+    name = "slimdp-traffic"
+    title = "Slim-DP vs Plump-DP: bytes per communication and communication time per worker"
+    seed = "003 Slim-DP (Sun et al., AAAI 2018)"
+    sources = "Sec. 3.4; Table 1; Table 2 (Speed_d)"
+    requires_schemes = ("plumpdp", "slimdp")
+
+    def run(self, ctx: Context) -> Report:
+        worlds = ctx.worlds(ctx.pick([5, 9], [3], [3]))
+        # (shapes, alpha, beta): the paper's VGG-16 setting, and GoogLeNet's alpha/beta on ResNet-50 shapes
+        settings = ctx.pick([("vgg16", 0.2, 0.1), ("resnet50", 0.3, 0.15)], [("resnet18", 0.2, 0.1)],
+                            [("ncf", 0.2, 0.1)])
+        iters = ctx.pick(20, 5, 2)
+        rate, network = ctx.network("1gbit", auto=True)
+        jobs = []
+        for model, alpha, beta in settings:
+            for w in worlds:
+                if w < 2:
+                    continue
+                res = ctx.run(["bench", "step"], ["--servers", "1", "--model", model, "--scheme", "plumpdp",
+                                                  "--scheme", "slimdp", "--density", f"{alpha:g}", "--core",
+                                                  f"{beta:g}", "--iters", str(iters), "--warmup", "1"],
+                              n=w, name=f"bench-{model}-W{w}", rate=rate)
+                jobs.append((model, alpha, beta, res if isinstance(res, list) else [res]))
+        rows = traffic_rows(jobs)
+        ms = "{:.2f}"
+        cols = [Column("model", "shapes", align="<"), Column("K", "K"), Column("alpha", "alpha", "{:g}"),
+                Column("beta", "beta", "{:g}"), Column("up_plump", "plump bytes/push", "{:,.0f}"),
+                Column("up_slim", "slim bytes/push", "{:,.0f}"), Column("up_ratio", "ratio", "{:.4f}"),
+                Column("model_ratio", "2a-b", "{:.2f}"), Column("tcomm_plump_ms", "plump T_comm", ms),
+                Column("tcomm_slim_ms", "slim T_comm", ms), Column("saving", "saved", lambda v: f"{100 * v:.0f}%"),
+                Column("step_plump_ms", "plump step", ms), Column("step_slim_ms", "slim step", ms),
+                Column("speed_d", "Speed_d", "{:.2f}x")]
+        details = [("K workers + 1 server, synthetic gradients; ms per step (max over workers)",
+                    format_rows(rows, cols))]
+        notes = ["Table 1 counts hours for 10k mini-batches of ImageNet on K20 GPUs over InfiniBand; here the "
+                 "ratios are what compare"]
+        return self.report(ctx, claims=evaluate(rows), details=details, commands=list(ctx.commands),
+                           data={"rows": rows}, network=network, notes=notes)

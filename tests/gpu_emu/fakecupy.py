@@ -1,0 +1,289 @@
+"""A NumPy-backed stand-in for the part of CuPy that the GPU backend uses.
+
+Installed as ``sys.modules["cupy"]`` by the tests (never by the package), it
+lets :mod:`mpisparse.backend.cupy_kernels` run unchanged on a machine
+without a GPU: arrays are NumPy arrays of a subclass that calls itself
+``cupy.ndarray`` (so :func:`mpisparse.backend.array_module` dispatches to the
+CuPy kernels), and ``RawModule`` compiles the package's CUDA C sources with
+``g++`` against ``emu.hpp`` -- a CPU emulator of blocks, threads,
+``__syncthreads`` and warp intrinsics -- and launches them with
+cuLaunchKernel-style argument marshalling.  Every launch checks each
+argument against the kernel's parameter (pointer or scalar, and the scalar's
+byte size), as a real launch would silently misread them.  ``empty`` fills
+with a poison byte pattern, so reading memory no kernel wrote shows up.
+
+Only what the backend needs is here; anything else raises AttributeError.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import types
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+POISON = 0xA5
+__version__ = "0.0-emu"
+
+
+def compiler_available() -> bool:
+    return shutil.which(os.environ.get("CXX", "g++")) is not None
+
+
+class ndarray(np.ndarray):
+    """A host array presenting itself as a CuPy device array."""
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.ctypes.data, False),
+                "version": 3, "strides": None if self.flags.c_contiguous else self.strides, "stream": None}
+
+    def get(self, stream=None, out=None, blocking=True):
+        if out is None:
+            return np.array(self, copy=True).view(np.ndarray)
+        out[...] = self
+        return out
+
+    def set(self, arr, stream=None):
+        self[...] = arr
+
+
+ndarray.__module__ = "cupy"  # backend.array_module() recognises CuPy arrays by their type's module
+ndarray.__name__ = ndarray.__qualname__ = "ndarray"
+
+
+def _dev(a) -> ndarray:
+    return a.view(ndarray)
+
+
+def asarray(a, dtype=None):
+    if isinstance(a, ndarray) and (dtype is None or np.dtype(dtype) == a.dtype):
+        return a
+    return _dev(np.array(a, dtype=dtype, copy=True))
+
+
+def array(a, dtype=None):
+    return _dev(np.array(a, dtype=dtype, copy=True))
+
+
+def ascontiguousarray(a):
+    return _dev(np.ascontiguousarray(a))
+
+
+def empty(shape, dtype=np.float64):
+    out = np.empty(shape, dtype=dtype)
+    out.view(np.uint8).fill(POISON) if out.size else None
+    return _dev(out)
+
+
+def empty_like(a, dtype=None):
+    return empty(a.shape, a.dtype if dtype is None else dtype)
+
+
+def zeros(shape, dtype=np.float64):
+    return _dev(np.zeros(shape, dtype=dtype))
+
+
+def ones(shape, dtype=np.float64):
+    return _dev(np.ones(shape, dtype=dtype))
+
+
+def full(shape, value, dtype=None):
+    return _dev(np.full(shape, value, dtype=dtype))
+
+
+def arange(*args, **kw):
+    return _dev(np.arange(*args, **kw))
+
+
+def argsort(a):
+    return _dev(np.argsort(np.asarray(a), kind="stable"))
+
+
+def abs(a):  # noqa: A001 - CuPy's name
+    return _dev(np.abs(np.asarray(a)))
+
+
+def concatenate(arrays):
+    return _dev(np.concatenate([np.asarray(a) for a in arrays]))
+
+
+def asnumpy(a):
+    return np.array(a, copy=True).view(np.ndarray)
+
+
+bool_ = np.bool_
+float32, float64, int32, int64, uint32, uint64 = np.float32, np.float64, np.int32, np.int64, np.uint32, np.uint64
+
+
+# --------------------------------------------------------------------------- cuda namespace
+class _Device:
+    def __init__(self, i: int = 0):
+        self.id = int(i)
+        self.attributes = {"MultiProcessorCount": 2}  # small: grid-stride loops take several turns
+
+    def use(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+class _Stream:
+    def synchronize(self):
+        pass
+
+
+class _Runtime:
+    @staticmethod
+    def getDevice():
+        return 0
+
+    @staticmethod
+    def getDeviceCount():
+        return 1
+
+    @staticmethod
+    def getDeviceProperties(i):
+        return {"name": b"CPU emulator (tests/gpu_emu)"}
+
+
+def _alloc_pinned_memory(nbytes):
+    return bytearray(nbytes)
+
+
+cuda = types.SimpleNamespace(runtime=_Runtime(), Device=_Device, get_current_stream=lambda: _Stream(),
+                             alloc_pinned_memory=_alloc_pinned_memory)
+
+
+# --------------------------------------------------------------------------- RawModule
+_LIBS: dict[str, ctypes.CDLL] = {}
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+__attribute__\(\(used\)\)\s+void\s+(\w+)\s*\(')
+
+
+def _cache_dir() -> Path:
+    d = Path(tempfile.gettempdir()) / f"mpisparse-gpu-emu-{os.getuid()}"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def _build(code: str) -> ctypes.CDLL:
+    cxx = os.environ.get("CXX", "g++")
+    emu = (HERE / "emu.hpp").read_text()
+    key = hashlib.sha256((emu + "\0" + code).encode()).hexdigest()[:20]
+    if key in _LIBS:
+        return _LIBS[key]
+    d = _cache_dir()
+    so = d / f"k{key}.so"
+    if not so.exists():
+        src = d / f"k{key}.{os.getpid()}.cpp"  # per process: concurrent test runs never share a half-written file
+        body = f'#include "{HERE / "emu.hpp"}"\n' + code
+        src.write_text(body)
+        pre = subprocess.run([cxx, "-std=c++17", "-E", "-P", str(src)], capture_output=True, text=True, check=True)
+        names = sorted(set(_KERNEL_RE.findall(pre.stdout)))
+        if not names:
+            raise RuntimeError("emu: no extern \"C\" __global__ kernels found in the module")
+        wrap = ["", "// launchers generated by tests/gpu_emu/fakecupy.py",
+                "template <typename... A> int emu_params(void (*)(A...), unsigned long long* size, int* ptr) {",
+                "  int i = 0; ((size[i] = sizeof(A), ptr[i] = std::is_pointer<A>::value, ++i), ...); return i; }"]
+        for n in names:
+            wrap.append(f'extern "C" void emu_launch_{n}(unsigned g, unsigned b, void** a) '
+                        f'{{ emu::launch(g, b, [&] {{ emu::call_with(&{n}, a); }}); }}')
+            wrap.append(f'extern "C" int emu_params_{n}(unsigned long long* s, int* p) '
+                        f'{{ return emu_params(&{n}, s, p); }}')
+        src.write_text(body + "\n".join(wrap) + "\n")
+        tmp = d / f"k{key}.{os.getpid()}.so"
+        cmd = [cxx, "-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-Wno-unknown-pragmas", "-o", str(tmp), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"emu: compiling the kernels failed:\n{proc.stderr[-4000:]}")
+        os.replace(tmp, so)
+        src.unlink(missing_ok=True)
+    lib = _LIBS[key] = ctypes.CDLL(str(so))
+    return lib
+
+
+class RawKernel:
+    def __init__(self, lib: ctypes.CDLL, name: str):
+        self.name = name
+        try:
+            self._launch = getattr(lib, f"emu_launch_{name}")
+        except AttributeError:
+            raise AttributeError(f"emu: no kernel named {name!r} in the module") from None
+        sizes, ptrs = (ctypes.c_ulonglong * 32)(), (ctypes.c_int * 32)()
+        count = getattr(lib, f"emu_params_{name}")(sizes, ptrs)
+        self.params = [(int(sizes[i]), bool(ptrs[i])) for i in range(count)]
+        self.launches = 0
+
+    def __call__(self, grid, block, args):
+        if len(args) != len(self.params):
+            raise TypeError(f"{self.name}: {len(args)} arguments for {len(self.params)} parameters")
+        keep, slots = [], []
+        for i, (a, (size, is_ptr)) in enumerate(zip(args, self.params)):
+            if isinstance(a, np.ndarray):
+                if not is_ptr:
+                    raise TypeError(f"{self.name}: argument {i} is an array but the parameter is not a pointer")
+                h = ctypes.c_void_p(a.ctypes.data)
+                keep.append(h)
+                slots.append(ctypes.addressof(h))
+            elif isinstance(a, np.generic):
+                if is_ptr:
+                    if a.dtype.itemsize != 8 or int(a) != 0:
+                        raise TypeError(f"{self.name}: argument {i} is a scalar {a!r} for a pointer parameter")
+                elif a.dtype.itemsize != size:
+                    raise TypeError(f"{self.name}: argument {i} is {a.dtype} ({a.dtype.itemsize} bytes) "
+                                    f"but the parameter has {size} bytes")
+                h = np.array(a)
+                keep.append(h)
+                slots.append(h.ctypes.data)
+            else:
+                raise TypeError(f"{self.name}: argument {i} of type {type(a).__name__}: pass arrays or "
+                                "NumPy scalars (CuPy would guess the C type of a Python scalar)")
+        argv = (ctypes.c_void_p * max(1, len(slots)))(*slots)
+        g, b = (grid[0] if isinstance(grid, tuple) else grid), (block[0] if isinstance(block, tuple) else block)
+        self._launch(ctypes.c_uint(int(g)), ctypes.c_uint(int(b)), argv)
+        self.launches += 1
+
+
+class RawModule:
+    def __init__(self, code: str, options=(), **kw):
+        self._lib = _build(code)
+        self._kernels: dict[str, RawKernel] = {}
+
+    def get_function(self, name: str) -> RawKernel:
+        k = self._kernels.get(name)
+        if k is None:
+            k = self._kernels[name] = RawKernel(self._lib, name)
+        return k
+
+
+def as_cupy_module() -> types.ModuleType:
+    """This module's names in a module called ``cupy`` (the backend dispatches on the module's name)."""
+    import sys
+
+    mod = types.ModuleType("cupy", __doc__)
+    mod.__dict__.update({k: v for k, v in vars(sys.modules[__name__]).items() if not k.startswith("__")})
+    mod.__version__ = __version__
+    return mod
+
+
+def install(monkeypatch) -> types.ModuleType:
+    """Make this emulator ``cupy`` for the duration of a test (pytest ``monkeypatch``)."""
+    import sys
+
+    from mpisparse.backend import cupy_kernels as ck
+
+    mod = as_cupy_module()
+    monkeypatch.setitem(sys.modules, "cupy", mod)
+    monkeypatch.setattr(ck, "_modules", {})
+    monkeypatch.setattr(ck, "_sm_count", {})
+    monkeypatch.setattr(ck, "_cap_hint", {})
+    return mod
