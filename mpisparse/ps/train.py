@@ -40,9 +40,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data import iterate_batches, lm_batches, load_dataset, shard_indices
+from ..data import iterate_batches, lm_batches, shard_indices
 from ..fusion import FusionLayout
-from ..models.nets import build_model, is_lm, needs_image
 from ..schemes import create
 from ..timing import PhaseTimer
 from .results import gather_ps_result
@@ -83,15 +82,9 @@ def run_ps_training(comm, cfg, *, servers: int = 1, progress: Callable[[str | No
     if cfg.checkpoint or cfg.resume:
         raise ValueError(f"--checkpoint/--resume are not supported for the parameter-server scheme "
                          f"{cfg.scheme!r}")
-    torch.manual_seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.set_num_threads(1)
-    lm = is_lm(cfg.model)
-    ds = load_dataset(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, image=needs_image(cfg.model))
-    if lm != (ds.kind == "lm"):
-        raise ValueError(f"model {cfg.model!r} does not fit data {cfg.data!r}: the lstm model needs "
-                         "--data text, the classifiers need image or vector data")
-    model = build_model(cfg.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
+    from ..train.loop import seeded_setup
+
+    lm, ds, model = seeded_setup(cfg)
     layout, params, flat = bind_flat(model)
     w = flat.numpy()
     scheme = create(cfg.scheme, comm, layout, cfg.density, memory=cfg.memory, seed=cfg.seed,

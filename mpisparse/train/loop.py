@@ -118,9 +118,12 @@ def evaluate(model, batches, comm, lm: bool) -> dict[str, float]:
     return {"loss": loss, "accuracy": correct / max(count, 1)}
 
 
-def run_training(comm, cfg: TrainConfig, *, progress: Callable[[str], None] | None = None,
-                 step_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train with ``cfg`` on every rank of ``comm``; returns the result object."""
+def seeded_setup(cfg: TrainConfig):
+    """Seed every RNG, load the data and build the model: ``(is_lm, dataset, model)``.
+
+    Shared by the data-parallel, parameter-server and pipeline loops so all
+    start from the same parameters for the same seed.
+    """
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.set_num_threads(1)
@@ -130,6 +133,13 @@ def run_training(comm, cfg: TrainConfig, *, progress: Callable[[str], None] | No
         raise ValueError(f"model {cfg.model!r} does not fit data {cfg.data!r}: the lstm model needs "
                          "--data text, the classifiers need image or vector data")
     model = build_model(cfg.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
+    return lm, ds, model
+
+
+def run_training(comm, cfg: TrainConfig, *, progress: Callable[[str], None] | None = None,
+                 step_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train with ``cfg`` on every rank of ``comm``; returns the result object."""
+    lm, ds, model = seeded_setup(cfg)
     provides_momentum = SCHEMES[cfg.scheme].provides_momentum
     opts = dict(cfg.scheme_options)
     if provides_momentum:
