@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable
@@ -694,7 +695,13 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as e:
         # Before MPI starts every rank parses the same options: rank 0 speaks.
         # Once MPI runs, the rank that raises speaks, then ends the job.
-        if env_rank() == 0 or _mpi_running():
+        if _mpi_running():
+            # one write, so an abort from another rank cannot cut it in half;
+            # ranks other than 0 give rank 0 a moment to print and abort first
+            click.echo(f"mpisparse: rank {_mpi_rank()}: Error: {e.format_message()}", err=True)
+            if _mpi_rank() != 0:
+                time.sleep(1.0)
+        elif env_rank() == 0:
             e.show()
         _fail(e.exit_code)
     except SystemExit as e:
