@@ -239,7 +239,8 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
     _check_plot(plot_path)
     maybe_relaunch(nprocs, timeout)
 
-    from .bench.step import run_step_bench
+    from .config import BenchConfig
+    from .runtimes import bench_step
     from .timing import format_table
 
     comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
@@ -248,16 +249,10 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
                            "options": per_scheme})
     results = []
     for s in schemes:
-        if SCHEMES[s].family == "ps":
-            from .ps.bench import run_ps_step_bench
-
-            res = run_ps_step_bench(comm, model=model, scheme=s, density=density, iters=iters, warmup=warmup,
-                                    seed=seed, memory=not no_memory, scheme_options=per_scheme[s],
-                                    servers=servers, progress=_progress(comm, f"{s}: step"))
-        else:
-            res = run_step_bench(comm, model=model, scheme=s, density=density, iters=iters, warmup=warmup,
-                                 seed=seed, memory=not no_memory, scheme_options=per_scheme[s],
-                                 diagnostics=diagnostics, progress=_progress(comm, f"{s}: step"))
+        cfg = BenchConfig(model=model, scheme=s, density=density, iters=iters, warmup=warmup, seed=seed,
+                          memory=not no_memory, scheme_options=dict(per_scheme[s]), diagnostics=diagnostics,
+                          servers=servers)
+        res = bench_step(comm, cfg, progress=_progress(comm, f"{s}: step"))
         results.append(res)
         if comm.rank == 0:
             click.echo(format_table(
@@ -505,7 +500,8 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
     is then how activations cross them (dense, or dct-mp) and --dp-scheme
     runs inside each stage's group of W/S replicas.
     """
-    from .mp import MPConfig, check_mp_options, parse_split_after
+    from .config import MPConfig
+    from .mp import check_mp_options, parse_split_after
 
     schemes = tuple(dict.fromkeys(schemes))
     per_scheme = pick_scheme_options(tuple(dict.fromkeys(schemes + ((dp_scheme,) if dp_scheme else ()))),
@@ -537,7 +533,8 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
     maybe_relaunch(nprocs, timeout)
 
     from .timing import format_table
-    from .train.loop import TrainConfig, run_training
+    from .config import TrainConfig
+    from .runtimes import train as run_train
     from .train.output import CsvLog, plot_history
 
     comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
@@ -555,7 +552,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           checkpoint=None if checkpoint_dir is None else
                           (checkpoint_dir if len(schemes) == 1 else str(Path(checkpoint_dir) / s)),
                           resume=resume, scheme_options={k: v for k, v in per_scheme[s].items()},
-                          diagnostics=diagnostics)
+                          diagnostics=diagnostics, servers=servers, mp=mp_cfg)
         steps[s] = []
 
         def step_log(rec, _s=s):
@@ -565,19 +562,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
 
         if comm.rank == 0:
             click.echo(f"\n{s}: {model} on {data}, W={comm.size}, density {density:g}, {epochs} epochs")
-        if mp_cfg is not None:
-            from .mp import run_mp_training
-
-            res = run_mp_training(comm, cfg, mp_cfg, progress=_train_progress(comm),
-                                  step_log=step_log if comm.rank == 0 else None)
-        elif SCHEMES[s].family == "ps":
-            from .ps.train import run_ps_training
-
-            res = run_ps_training(comm, cfg, servers=servers, progress=_train_progress(comm),
-                                  step_log=step_log if comm.rank == 0 else None)
-        else:
-            res = run_training(comm, cfg, progress=_train_progress(comm),
-                               step_log=step_log if comm.rank == 0 else None)
+        res = run_train(comm, cfg, progress=_train_progress(comm), step_log=step_log if comm.rank == 0 else None)
         results.append(res)
         if comm.rank == 0:
             final = res["metrics"]["final"]

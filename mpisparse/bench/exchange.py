@@ -61,8 +61,8 @@ def run_exchange_bench(comm, *, model: str, schemes: Sequence[str], densities: S
                        scheme_options: dict[str, dict[str, Any]] | None = None, servers: int | None = None,
                        progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
     """One result per (scheme, density), schemes outermost; every rank calls it (collective)."""
-    from ..schemes import SCHEMES
-    from .step import run_step_bench
+    from ..config import BenchConfig
+    from ..runtimes import bench_step
 
     scheme_options = scheme_options or {}
     out = []
@@ -70,16 +70,9 @@ def run_exchange_bench(comm, *, model: str, schemes: Sequence[str], densities: S
         for d in densities:
             label = f"{s} d={d:g}"
             step_progress = None if progress is None else (lambda i, n, _l=label: progress(_l, i, n))
-            if SCHEMES[s].family == "ps":
-                from ..ps.bench import run_ps_step_bench
-
-                res = run_ps_step_bench(comm, model=model, scheme=s, density=d, iters=iters, warmup=warmup,
-                                        seed=seed, memory=memory, scheme_options=scheme_options.get(s, {}),
-                                        servers=servers or 1, progress=step_progress)
-            else:
-                res = run_step_bench(comm, model=model, scheme=s, density=d, iters=iters, warmup=warmup, seed=seed,
-                                     memory=memory, scheme_options=scheme_options.get(s, {}),
-                                     progress=step_progress)
+            cfg = BenchConfig(model=model, scheme=s, density=d, iters=iters, warmup=warmup, seed=seed,
+                              memory=memory, scheme_options=dict(scheme_options.get(s, {})), servers=servers or 1)
+            res = bench_step(comm, cfg, progress=step_progress)
             res.update(exchange_keys(res))
             res["config"]["bench"] = "exchange"
             out.append(res)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import BenchConfig
 from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
@@ -27,10 +28,11 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def run_step_bench(comm, *, model: str, scheme: str, density: float, iters: int, warmup: int,
-                   seed: int = 0, memory: bool = True, scheme_options: dict[str, Any] | None = None,
-                   diagnostics: bool = False, progress=None) -> dict[str, Any]:
-    scheme_options = dict(scheme_options or {})
+def run_step_bench(comm, cfg: BenchConfig, *, progress=None) -> dict[str, Any]:
+    """Run ``cfg`` (a collective scheme) on every rank of ``comm``; returns the result object."""
+    model, scheme, density, iters, warmup = cfg.model, cfg.scheme, cfg.density, cfg.iters, cfg.warmup
+    seed, memory, diagnostics = cfg.seed, cfg.memory, cfg.diagnostics
+    scheme_options = dict(cfg.scheme_options)
     layout = FusionLayout(layer_shapes(model))
     timer = PhaseTimer()
     sch = create(scheme, comm, layout, density, memory=memory, timer=timer, seed=seed, **scheme_options)

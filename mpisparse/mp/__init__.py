@@ -15,8 +15,8 @@ from .config import MPConfig, check_mp_options, parse_split_after
 __all__ = ["MPConfig", "check_mp_options", "parse_split_after", "run_mp_training"]
 
 
-def run_mp_training(comm, cfg, mp, **kw):
+def run_mp_training(comm, cfg, **kw):
     """See :func:`mpisparse.mp.runtime.run_mp_training`."""
     from .runtime import run_mp_training as _run
 
-    return _run(comm, cfg, mp, **kw)
+    return _run(comm, cfg, **kw)

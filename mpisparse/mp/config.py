@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ..config import MPConfig
 from ..schemes import SCHEMES
 
 __all__ = ["MPConfig", "parse_split_after", "check_mp_options", "DUMMY_INPUT"]
@@ -12,22 +12,6 @@ __all__ = ["MPConfig", "parse_split_after", "check_mp_options", "DUMMY_INPUT"]
 #: sample shapes of the built-in datasets ((features,), (C, H, W)), to check layer names before MPI
 DUMMY_INPUT = {"digits": ((64,), (1, 8, 8)), "synthetic": ((64,), (1, 8, 8)),
                "cifar10": ((3 * 32 * 32,), (3, 32, 32))}
-
-
-@dataclass
-class MPConfig:
-    """``--mp-stages``, ``--split-after``, ``--micro-batches`` and the data-parallel scheme inside stages.
-
-    ``dp_density`` None means ``--density``.  ``dp_options`` are the
-    data-parallel scheme's own options (e.g. ``lifespan`` for ``dct``).
-    """
-
-    stages: int = 2
-    split_after: list[str] = field(default_factory=list)
-    micro_batches: int = 1
-    dp_scheme: str = "dense"
-    dp_density: float | None = None
-    dp_options: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_split_after(text: str | None) -> list[str]:

@@ -353,7 +353,7 @@ class MPTrainer:
         }
 
 
-def run_mp_training(comm, cfg, mp: MPConfig, *, progress: Callable[[str | None], None] | None = None,
+def run_mp_training(comm, cfg, *, progress: Callable[[str | None], None] | None = None,
                     step_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train ``cfg`` as ``W / S`` replicas of an ``S``-stage pipeline on ``comm``; returns the result object.
 
@@ -363,7 +363,7 @@ def run_mp_training(comm, cfg, mp: MPConfig, *, progress: Callable[[str | None],
     dense pipeline would send, the compression factors and the achieved
     occupancy, and per-stage phase times.
     """
-    return MPTrainer(comm, cfg, mp).run(progress=progress, step_log=step_log)
+    return MPTrainer(comm, cfg, cfg.mp).run(progress=progress, step_log=step_log)
 
 
 def _epoch_line(r: dict[str, Any], epochs: int) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..config import BenchConfig
 from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
@@ -27,9 +28,10 @@ BENCH_LR = 0.01
 BENCH_MOMENTUM = 0.9
 
 
-def run_ps_step_bench(comm, *, model: str, scheme: str, density: float, iters: int, warmup: int, seed: int = 0,
-                      memory: bool = True, scheme_options: dict[str, Any] | None = None, servers: int = 1,
-                      progress=None) -> dict[str, Any]:
+def run_ps_step_bench(comm, cfg: BenchConfig, *, progress=None) -> dict[str, Any]:
+    """Run ``cfg`` (a parameter-server scheme) on every rank of ``comm``; returns the result object."""
+    model, scheme, density, iters, warmup = cfg.model, cfg.scheme, cfg.density, cfg.iters, cfg.warmup
+    seed, memory, servers, scheme_options = cfg.seed, cfg.memory, cfg.servers, cfg.scheme_options
     from ..bench.step import peak_rss_bytes
 
     layout = FusionLayout(layer_shapes(model))

@@ -76,9 +76,10 @@ def bind_flat(model: torch.nn.Module) -> tuple[FusionLayout, list[torch.nn.Param
     return layout, params, flat
 
 
-def run_ps_training(comm, cfg, *, servers: int = 1, progress: Callable[[str | None], None] | None = None,
+def run_ps_training(comm, cfg, *, progress: Callable[[str | None], None] | None = None,
                     step_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train ``cfg`` (a :class:`mpisparse.train.loop.TrainConfig`) with ``servers`` parameter servers."""
+    """Train ``cfg`` (a :class:`mpisparse.config.TrainConfig`) with ``cfg.servers`` parameter servers."""
+    servers = cfg.servers
     if cfg.checkpoint or cfg.resume:
         raise ValueError(f"--checkpoint/--resume are not supported for the parameter-server scheme "
                          f"{cfg.scheme!r}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Callable
 
 import numpy as np
@@ -26,32 +26,10 @@ import torch.nn.functional as F
 from ..data import iterate_batches, lm_batches, load_dataset, shard_indices
 from ..models.nets import build_model, is_lm, needs_image
 from ..schemes import SCHEMES
+from ..config import TrainConfig
 from ..timing import PhaseTimer, reduce_over_ranks
 from ..torch import DistributedOptimizer
 from . import checkpoint
-
-
-@dataclass
-class TrainConfig:
-    model: str = "mlp"
-    data: str = "digits"
-    data_dir: str | None = None
-    scheme: str = "dense"
-    density: float = 0.01
-    epochs: int = 20
-    batch_size: int = 32
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    bptt: int = 35
-    clip: float = 0.0
-    seed: int = 0
-    memory: bool = True
-    checkpoint: str | None = None
-    resume: bool = False
-    scheme_options: dict[str, Any] = field(default_factory=dict)
-    #: per-step ``Scheme.diagnostics()`` into the result (``--diagnostics``; extra communication, untimed)
-    diagnostics: bool = False
 
 
 class _Signals:

@@ -26,11 +26,10 @@ import torch.nn.functional as F
 from mpisparse.comm import Communicator
 from mpisparse.data import load_dataset
 from mpisparse.models.nets import build_model
-from mpisparse.mp.config import MPConfig
+from mpisparse.config import MPConfig, TrainConfig
 from mpisparse.mp.partition import pipeline_layers, plan_stages, stage_module
 from mpisparse.mp.runtime import MPTrainer
 from mpisparse.mp.sparsify import forward_bytes, laplace_mask, row_keep_count, topk_row_mask
-from mpisparse.train.loop import TrainConfig
 
 comm = Communicator()
 W, rank = comm.size, comm.rank
