@@ -7,7 +7,7 @@ import pytest
 
 from mpisparse.fusion import FusionLayout
 from mpisparse.gradgen import SyntheticGradients
-from mpisparse.partition import (
+from mpisparse.layer_partition import (
     Layer,
     assign_local_k,
     bin_pack,

@@ -1,6 +1,6 @@
 """Model (pipeline) and hybrid parallelism with DCT-MP (seed 000, Sec. 2.2, Algorithm 2).
 
-* :mod:`.partition` -- the model as a chain of layers; split points (named or balanced);
+* :mod:`.stages` -- the stage split: the model as a chain of layers; split points (named or balanced);
 * :mod:`.sparsify` -- DCT-MP's per-sample masks, the Laplace estimate and the wire format;
 * :mod:`.link` -- the point-to-point protocol of one split (activations forward, gradients back);
 * :mod:`.topology` -- ranks as replicas x stages, the two communicator splits;

@@ -69,7 +69,7 @@ def check_mp_options(*, model: str, data: str, schemes: Sequence[str], stages: i
     if clip > 0:
         raise ValueError("--clip is not supported with --mp-stages (the norm would span all stages)")
 
-    from .partition import SPLITTABLE_MODELS, plan_stages
+    from .stages import SPLITTABLE_MODELS, plan_stages
 
     if model not in SPLITTABLE_MODELS:
         raise ValueError(f"--model {model} cannot be split into pipeline stages; models that can: "

@@ -2,7 +2,7 @@
 
 Every rank builds the whole model from the seed (so the stages start
 exactly as a one-process model would), keeps its stage's layers
-(:mod:`mpisparse.mp.partition`) and trains them:
+(:mod:`mpisparse.mp.stages`) and trains them:
 
 1. stage 0 reads the batch; each stage runs its layers and sends the output
    activation to the next stage (:class:`~mpisparse.mp.link.ActivationLink`;
@@ -48,7 +48,7 @@ from ..timing import PHASES, PhaseTimer, reduce_over_ranks
 from ..torch import DistributedOptimizer
 from .config import MPConfig
 from .link import ActivationLink
-from .partition import pipeline_layers, plan_stages, stage_module
+from .stages import pipeline_layers, plan_stages, stage_module
 from .topology import split_communicators
 
 __all__ = ["MPTrainer", "run_mp_training", "split_shapes"]

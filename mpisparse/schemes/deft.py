@@ -3,7 +3,7 @@
 Source: D. Yoon and S. Oh, "DEFT: Exploiting Gradient Norm Difference between
 Model Layers for Scalable Gradient Sparsification", ICPP 2023
 (``/work/shared/seeds/001_3c7cf191a93141c0.txt``).  The partitioning math is
-in :mod:`mpisparse.partition` (pure functions, one per pseudocode box); this
+in :mod:`mpisparse.layer_partition` (pure functions, one per pseudocode box); this
 module wires it into Alg. 1 and adds the fast selection of Alg. 5.
 
 Once, at construction
@@ -81,7 +81,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import backend
-from ..partition import (
+from ..layer_partition import (
     Layer,
     assign_local_k,
     bin_pack,
@@ -131,7 +131,7 @@ def layer_norms(vec, layers: Sequence[Layer]) -> np.ndarray:
 
 
 def local_k(sizes: Sequence[int], norms: Sequence[float], k_total: int) -> np.ndarray:
-    """Alg. 3 (:func:`mpisparse.partition.assign_local_k`), with density 1 exact.
+    """Alg. 3 (:func:`mpisparse.layer_partition.assign_local_k`), with density 1 exact.
 
     When ``k_total`` reaches the number of gradients every layer keeps all of
     its entries (``k_x = n_x``); otherwise this is Alg. 3 unchanged.
@@ -146,7 +146,7 @@ def select_layers(vec, layers: Sequence[Layer], ks: Sequence[int], part: Sequenc
                   scratch=None):
     """Alg. 5: top-``ks[x]`` by magnitude in each layer ``x`` of ``part``.
 
-    The fast counterpart of :func:`mpisparse.partition.layerwise_topk`
+    The fast counterpart of :func:`mpisparse.layer_partition.layerwise_topk`
     (``backend.topk_abs``, indices in any order within a layer).  Returns the
     flat indices of ``vec`` (``backend.index_dtype(vec.size)``), layer by
     layer in the order of ``part``.  ``scratch`` (optional) is a buffer like

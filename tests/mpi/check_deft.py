@@ -8,8 +8,8 @@ and the bytes of the pattern (Bcast of the bins + counts + ring Allgatherv of
 the indices + ring Allreduce of the values at the union).  Then density 1
 against dense, no memory, diagnostics and state.
 
-The reference uses mpisparse.partition's transcriptions of the boxes for
-Alg. 2-4 (tested against the boxes in tests/test_partition.py), its argsort
+The reference uses mpisparse.layer_partition's transcriptions of the boxes for
+Alg. 2-4 (tested against the boxes in tests/test_layer_partition.py), its argsort
 reference ``layerwise_topk`` for Alg. 5, and plain NumPy for the rest.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 from mpisparse.comm import Communicator
 from mpisparse.fusion import FusionLayout
 from mpisparse.gradgen import SyntheticGradients
-from mpisparse.partition import assign_local_k, bin_pack, encode_bins, layerwise_topk, two_stage_partition
+from mpisparse.layer_partition import assign_local_k, bin_pack, encode_bins, layerwise_topk, two_stage_partition
 from mpisparse.schemes import create, k_for
 
 LAYERS = [("a.weight", (40, 25)), ("a.bias", (25,)), ("b.weight", (300,)), ("b.bias", (30,)),

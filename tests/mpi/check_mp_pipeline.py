@@ -27,7 +27,7 @@ from mpisparse.comm import Communicator
 from mpisparse.data import load_dataset
 from mpisparse.models.nets import build_model
 from mpisparse.config import MPConfig, TrainConfig
-from mpisparse.mp.partition import pipeline_layers, plan_stages, stage_module
+from mpisparse.mp.stages import pipeline_layers, plan_stages, stage_module
 from mpisparse.mp.runtime import MPTrainer
 from mpisparse.mp.sparsify import forward_bytes, laplace_mask, row_keep_count, topk_row_mask
 

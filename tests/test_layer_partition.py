@@ -1,4 +1,4 @@
-"""Tests for mpisparse.partition (DEFT Alg. 2-5, eq. 4-6); plain pytest, no MPI.
+"""Tests for mpisparse.layer_partition (DEFT Alg. 2-5, eq. 4-6); plain pytest, no MPI.
 
 The expected values of the worked examples were computed by hand from the
 pseudocode boxes of Yoon & Oh, "DEFT", ICPP 2023; the working is in the
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from mpisparse.partition import (
+from mpisparse.layer_partition import (
     Layer,
     assign_local_k,
     bin_pack,

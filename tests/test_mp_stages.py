@@ -11,7 +11,7 @@ from click.testing import CliRunner  # noqa: E402
 from mpisparse.cli import cli  # noqa: E402
 from mpisparse.models.nets import build_model  # noqa: E402
 from mpisparse.mp.config import check_mp_options, parse_split_after  # noqa: E402
-from mpisparse.mp.partition import (balanced_cuts, layer_parameters, pipeline_layers, plan_stages,  # noqa: E402
+from mpisparse.mp.stages import (balanced_cuts, layer_parameters, pipeline_layers, plan_stages,  # noqa: E402
                                     stage_module)
 from mpisparse.mp.topology import HybridLayout  # noqa: E402
 
