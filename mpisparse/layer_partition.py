@@ -46,6 +46,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .backend import index_dtype
+
 __all__ = [
     "Layer",
     "two_stage_partition",
@@ -449,7 +451,7 @@ def layerwise_topk(
 
     A numpy reference: within a layer the indices come by decreasing
     magnitude, equal magnitudes by lower index.  Returns ``(indices, k)``
-    with int64 indices into the flat ``grad``.
+    with indices into the flat ``grad`` of ``backend.index_dtype(grad.size)``.
     """
     g = np.asarray(grad)
     if g.ndim != 1:
@@ -462,6 +464,7 @@ def layerwise_topk(
                 f"layers[{i}] ends at {layer.end}, past the gradient's length {g.size}."
             )
     parts = _check_alloc([alloc_part], len(layers))[0]
+    idt = index_dtype(g.size)
     k = 0  # Alg. 5 l.1
     indices: list[np.ndarray] = []  # Alg. 5 l.2
     for part in parts:  # Alg. 5 l.3
@@ -469,10 +472,10 @@ def layerwise_topk(
         mag = np.abs(g[layer.start : layer.end])
         part_idx = np.argsort(-mag, kind="stable")[: k_list[part]]  # Alg. 5 l.4
         part_idx = part_idx + layer.start  # Alg. 5 l.5
-        indices.append(part_idx.astype(np.int64))  # Alg. 5 l.6
+        indices.append(part_idx.astype(idt))  # Alg. 5 l.6
         k += k_list[part]  # Alg. 5 l.7
     if not indices:
-        return np.zeros(0, dtype=np.int64), k
+        return np.zeros(0, dtype=idt), k
     return np.concatenate(indices), k
 
 

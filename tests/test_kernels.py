@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mpisparse import backend
+from mpisparse.backend import cupy_kernels as ck
 from mpisparse.backend import numpy_kernels as nk
 
 
@@ -370,6 +372,15 @@ def test_rowwise_topk_mask():
 
 
 def test_index_dtype():
+    assert nk.index_dtype is ck.index_dtype is backend.index_dtype  # decided in one place
     assert nk.index_dtype(10) == np.int32
     assert nk.index_dtype(2**31 - 1) == np.int32
     assert nk.index_dtype(2**31) == np.int64
+
+
+def test_kth_largest_matches_a_sort():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(101)
+    s = np.sort(a)[::-1]
+    for k in (1, 2, 50, 101):
+        assert nk.kth_largest(a, k) == s[k - 1]

@@ -105,5 +105,9 @@ def rowwise_topk_mask(x, k: int):
 
 
 def index_dtype(n: int):
-    """4-byte indices while they fit, 8-byte beyond."""
+    """The dtype of indices into an ``n``-element array: ``int32`` while they fit, ``int64`` beyond.
+
+    The one place the index width is decided: the kernels (NumPy and CuPy),
+    the schemes and the parameter server all ask here.
+    """
     return np.int32 if n < 2**31 else np.int64

@@ -73,6 +73,7 @@ from importlib import resources
 
 import numpy as np
 
+from . import index_dtype  # the one place the index width is decided
 from . import numpy_kernels as _nk
 
 __all__ = [
@@ -111,8 +112,6 @@ _METHODS = ("auto", "sample", "radix")
 _modules: dict[tuple, object] = {}  # (module, device[, kernel]) -> RawModule / kernel
 _sm_count: dict[int, int] = {}
 _cap_hint: dict[int, int] = {}
-
-index_dtype = _nk.index_dtype
 
 
 # --------------------------------------------------------------------------
@@ -193,16 +192,8 @@ _NULL = np.uint64(0)
 
 
 def _as_1d_float(x):
-    cp = _cupy()
-    x = cp.asarray(x)  # CuPy arrays as they are; CAI objects (torch CUDA) zero-copy; host arrays copied
-    if x.ndim != 1:
-        raise ValueError(f"expected a 1-D array, got shape {x.shape}")
-    if x.dtype.kind != "f":
-        if x.dtype.kind in "biu":
-            x = x.astype(np.float64)
-        else:
-            raise TypeError(f"expected a real floating-point array, got dtype {x.dtype}")
-    return x
+    # CuPy arrays as they are; CAI objects (torch CUDA) zero-copy; host arrays copied
+    return _nk._as_1d_float(x, _cupy())
 
 
 def _work(x):

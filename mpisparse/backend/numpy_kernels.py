@@ -42,6 +42,8 @@ import math
 
 import numpy as np
 
+from . import index_dtype  # the one place the index width is decided
+
 __all__ = [
     "topk_abs",
     "threshold_select",
@@ -83,13 +85,15 @@ _default_rng: np.random.Generator | None = None
 # --------------------------------------------------------------------------
 
 
-def index_dtype(n: int):
-    """``int32`` while indices of an ``n``-element array fit, ``int64`` beyond."""
-    return np.int32 if n < 2**31 else np.int64
+def kth_largest(a: np.ndarray, k: int):
+    """The ``k``-th largest entry of the 1-D ``a`` (``1 <= k <= a.size``), found by selection, not a sort."""
+    m = a.shape[0]
+    return np.partition(a, m - k)[m - k]
 
 
-def _as_1d_float(x) -> np.ndarray:
-    x = np.asarray(x)
+def _as_1d_float(x, xp=np):
+    """``x`` as a 1-D real float array of the array module ``xp`` (integers widened to float64)."""
+    x = xp.asarray(x)
     if x.ndim != 1:
         raise ValueError(f"expected a 1-D array, got shape {x.shape}")
     if x.dtype.kind != "f":
@@ -241,10 +245,10 @@ def topk_abs(x, k, *, scratch=None, rng=None) -> np.ndarray:
     for _ in range(MAX_RETRIES):
         if r >= m:
             break
-        t = np.partition(samp, m - r)[m - r]  # r-th largest sampled |x|
+        t = kth_largest(samp, r)  # r-th largest sampled |x|
         if not t > 0:  # 0 (mostly-zero input: everything is a candidate) or NaN
             break
-        cand = _select_ge(x, t, fbuf, np.int64)
+        cand = _select_ge(x, t, fbuf, idt)
         c = cand.shape[0]
         if c >= k:
             if c == k:
@@ -283,7 +287,7 @@ def estimate_threshold(x, k, *, sample=0.01, rng=None) -> float:
         a = x[_get_rng(rng).integers(0, n, size=m)]
         np.abs(a, out=a)
     ks = min(m, max(1, int(round(k * m / n))))
-    return float(np.partition(a, m - ks)[m - ks])
+    return float(kth_largest(a, ks))
 
 
 def randomk(n, k, rng) -> np.ndarray:

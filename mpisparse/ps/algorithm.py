@@ -180,6 +180,7 @@ def layerwise_topk(x: np.ndarray, pieces: list[tuple[int, int, int]], density: f
     ``thr <- R% of |x[j]|; Mask <- |x[j]| > thr``, kept as an exact top-k so
     the count does not depend on ties.
     """
+    idt = backend.index_dtype(x.size)
     out = []
     for _, a, b in pieces:
         size = b - a
@@ -187,9 +188,9 @@ def layerwise_topk(x: np.ndarray, pieces: list[tuple[int, int, int]], density: f
             continue
         k = k_for(density, size)
         idx = backend.topk_abs(x[a:b], k)
-        out.append(idx.astype(np.int64) + a)
+        out.append(idx.astype(idt) + a)
     if not out:
-        return np.empty(0, dtype=np.int64)
+        return np.empty(0, dtype=idt)
     keys = np.concatenate(out)
     keys.sort()
     return keys

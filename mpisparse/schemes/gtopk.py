@@ -57,6 +57,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
+from ..backend.numpy_kernels import kth_largest
 from .base import Scheme, register
 
 _VAL_DTYPE = np.float32
@@ -90,7 +91,7 @@ def keep_topk(idx, vals, k: int):
     if k == 0:
         return idx[:0], vals[:0]
     a = np.abs(vals)
-    t = np.partition(a, m - k)[m - k]  # k-th largest magnitude
+    t = kth_largest(a, k)  # k-th largest magnitude
     keep = a > t
     need = k - int(np.count_nonzero(keep))
     if need:
