@@ -102,11 +102,6 @@ def library_cuda_support() -> bool | None:
     return bool(fn())
 
 
-def decide_cuda_aware(override: bool | None = None, mpi_comm=None) -> bool:
-    """Whether device buffers may be handed to MPI directly (see :func:`decide_cuda_aware_how`)."""
-    return decide_cuda_aware_how(override, mpi_comm)[0]
-
-
 def decide_cuda_aware_how(override: bool | None = None, mpi_comm=None, *, library=library_cuda_support,
                           have_gpu=None, probe=None) -> tuple[bool, str]:
     """``(cuda_aware, how it was decided)``, decided once per communicator.
@@ -150,7 +145,7 @@ class Communicator:
     check:
         Verify counts and dtypes of every collective across ranks first.
     cuda_aware:
-        Force (True/False) or leave to :func:`decide_cuda_aware` (None).
+        Force (True/False) or leave to :func:`decide_cuda_aware_how` (None).
     """
 
     def __init__(self, mpi_comm=None, *, check: bool = False, cuda_aware: bool | None = None):
@@ -174,9 +169,6 @@ class Communicator:
     @property
     def bytes_sent(self) -> int:
         return sum(s.bytes for s in self.stats.values())
-
-    def reset_stats(self) -> None:
-        self.stats.clear()
 
     def _record(self, op: str, nbytes: int, seconds: float) -> None:
         s = self.stats.setdefault(op, CallStats())

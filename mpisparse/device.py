@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -100,9 +100,6 @@ class DeviceAssignment:
     device_name: str
     visible: str | None
     n_devices: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _use(device: int) -> None:

@@ -21,22 +21,8 @@ from typing import Any
 
 import numpy as np
 
-MEMORIES: dict[str, type["Memory"]] = {}
-
-
-def register_memory(name: str):
-    def deco(cls):
-        cls.name = name
-        MEMORIES[name] = cls
-        return cls
-
-    return deco
-
-
 class Memory:
     """Interface of an error-feedback memory."""
-
-    name = "abstract"
 
     def compensate(self, grad):
         raise NotImplementedError
@@ -54,7 +40,6 @@ class Memory:
         pass
 
 
-@register_memory("none")
 class NoMemory(Memory):
     """No error feedback: unsent values are dropped (``--no-memory``)."""
 
@@ -65,7 +50,6 @@ class NoMemory(Memory):
         return None
 
 
-@register_memory("residual")
 class ResidualMemory(Memory):
     """Classic error feedback: ``e <- (e + g)`` with the sent entries zeroed."""
 
@@ -100,4 +84,5 @@ class ResidualMemory(Memory):
 
 
 def make_memory(enabled: bool) -> Memory:
+    """Residual error feedback, or none (``--no-memory``)."""
     return ResidualMemory() if enabled else NoMemory()

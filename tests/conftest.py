@@ -2,7 +2,8 @@
 
 Every MPI test runs its own ``mpiexec`` job with ``MPIEXEC_TIMEOUT`` set and
 a subprocess timeout on top, so one failing or hung rank ends that job and
-can never hang the suite (DESIGN.md section 4).
+can never hang the suite (a plain ``python script.py`` under mpiexec would
+leave the other ranks waiting when one raises).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def mpi_run(n: int, args: list[str], *, module: bool = False, timeout: int = MPI
     # scripts run under ``python -m mpi4py`` so an exception on one rank aborts the job
     argv += [sys.executable, "-m", "mpisparse", *args] if module else [sys.executable, "-m", "mpi4py", *args]
     full_env = dict(os.environ, **plan.env, OMP_NUM_THREADS="1", **(env or {}))
+    # a script's own folder replaces the working directory on sys.path: name the checkout explicitly
+    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), full_env.get("PYTHONPATH")) if p)
     full_env.pop("PMI_RANK", None)
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
                           cwd=HERE.parent)

@@ -153,7 +153,3 @@ def decode_into(out: np.ndarray, part: Part, *, mode: str = "set") -> None:
         out[keys] += part.values
     else:
         out[keys] -= part.values
-
-
-def empty_part(kind: int) -> Part:
-    return Part(kind)

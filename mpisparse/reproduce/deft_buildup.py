@@ -23,8 +23,6 @@ from .base import Claim, Context, Report, Target, fmt_series
 from .registry import register
 
 DENSITY = 0.01
-#: Sec. 5.2: top-k's actual density on 16 GPUs, in multiples of the setup density
-PAPER_16GPU_RATIO = {"ResNet-18": 13.59, "LSTM": 14.18, "NCF": 5.31}
 #: how far from the setup density "maintained" may be (relative)
 MAINTAIN_TOLERANCE = 0.05
 

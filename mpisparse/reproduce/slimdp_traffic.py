@@ -29,11 +29,6 @@ from ..bench.report import Column, format_rows
 from .base import Claim, Context, Report, Target, fmt_series
 from .registry import register
 
-#: Table 1: communication hours (Plump-DP, Slim-DP) per (model, K)
-PAPER_TCOMM = {("GoogLeNet", 4): (0.40, 0.18), ("VGG-16", 4): (4.09, 1.18), ("GoogLeNet", 8): (0.57, 0.25),
-               ("VGG-16", 8): (5.51, 1.65)}
-#: Table 2: Speed_d of Slim-DP
-PAPER_SPEED_D = {("GoogLeNet", 4): 1.09, ("VGG-16", 4): 1.32, ("GoogLeNet", 8): 1.13, ("VGG-16", 8): 1.41}
 TRAFFIC_TOLERANCE = 0.02  # relative, for (2 alpha - beta)
 _COMM = ("push", "wait", "pull")
 

@@ -226,8 +226,6 @@ class LowPassMemory(Memory):
     it holds the residual ``acc - g``.
     """
 
-    name = "lowpass"
-
     def __init__(self, beta: float = 1.0) -> None:
         self.beta = check_beta(beta)
         self.residual = None

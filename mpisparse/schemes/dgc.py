@@ -207,8 +207,6 @@ class MomentumCorrectionMemory(Memory):
     ``residual`` is ``v`` (what the error norm diagnostic measures).
     """
 
-    name = "dgc_momentum"
-
     def __init__(self, momentum: float, accumulate: bool = True) -> None:
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"the DGC momentum is {momentum!r}; allowed range is [0, 1)")
