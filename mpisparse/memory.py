@@ -3,7 +3,7 @@
 A memory has two steps around a scheme's selection:
 
 ``acc = memory.compensate(grad)``
-    the error-compensated vector (Alg. 1 line 5 of DEFT, seed 001:
+    the error-compensated vector (Alg. 1 line 5 of DEFT (Yoon & Oh):
     ``acc = e + g``);
 ``memory.update(acc, sent)``
     after the exchange, what was sent leaves the memory

@@ -1,7 +1,7 @@
 """Named phase timers, their reduction over ranks, and the printed table.
 
 A step is timed as a whole and split into phases from the fixed vocabulary
-:data:`PHASES` (DESIGN.md section 2), so every scheme's breakdown reads the
+:data:`PHASES` (the fixed phase vocabulary of the JSON result), so every scheme's breakdown reads the
 same.  The timer keeps one record per timed step; the reduction gives, per
 phase, the mean over ranks and the max over ranks of each rank's mean
 seconds per step.  The step time reported is the slowest rank's, because

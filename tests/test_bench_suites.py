@@ -95,9 +95,10 @@ def test_exchange_keys_sum_the_exchange_phases():
     assert keys["bytes_per_selected"] == pytest.approx(8.0)
 
 
-def test_subrun_command_lines_and_environment():
-    run = SubRun(["bench", "step"], ["--model", "ncf", "--json", "/tmp/a b.json"], n=4)
-    assert display_command(run) == "OMP_NUM_THREADS=1 mpisparse bench step -n 4 --model ncf --json '/tmp/a b.json'"
+def test_subrun_command_lines_and_environment(tmp_path):
+    out = tmp_path / "a b.json"
+    run = SubRun(["bench", "step"], ["--model", "ncf", "--json", str(out)], n=4)
+    assert display_command(run) == f"OMP_NUM_THREADS=1 mpisparse bench step -n 4 --model ncf --json '{out}'"
     argv = launch_argv(run, timeout=30)
     assert argv[:4] == [sys.executable, "-m", "mpisparse", "bench"]
     assert argv[5:9] == ["-n", "4", "--timeout", "30"]

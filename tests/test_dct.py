@@ -1,4 +1,4 @@
-"""Unit tests of DCT-DP's pure functions (seed 000, Alg. 1, Sec. 2.2) and its schedule, no MPI."""
+"""Unit tests of DCT-DP's pure functions (Gupta et al., Alg. 1, Sec. 2.2) and its schedule, no MPI."""
 
 import math
 

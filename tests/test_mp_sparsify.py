@@ -1,4 +1,4 @@
-"""DCT-MP (seed 000, Alg. 2) without MPI: masks, Laplace estimate, wire format, the link protocol."""
+"""DCT-MP (Gupta et al., Alg. 2) without MPI: masks, Laplace estimate, wire format, the link protocol."""
 
 import math
 from collections import defaultdict

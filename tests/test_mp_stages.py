@@ -67,7 +67,7 @@ def test_balanced_cuts_minimise_the_largest_stage():
 
 def test_named_splits_and_their_errors():
     net = model("dlrm")
-    plan = plan_stages(net, 3, ["bottom.4", "top.3"])  # seed 000 Sec. 3.1: after two layers of each MLP
+    plan = plan_stages(net, 3, ["bottom.4", "top.3"])  # DCT paper, Sec. 3.1: after two layers of each MLP
     assert plan.stage_layers[1] == ["bottom.5", "bottom.6", "bottom.7", "bottom.8", "top.0", "top.1", "top.2",
                                     "top.3"]
     with pytest.raises(ValueError, match=r"--split-after 'net.9' is not a layer of this model; its layers: net.0"):

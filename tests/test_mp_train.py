@@ -36,7 +36,7 @@ def test_pipeline_equals_single_process_training(ranks):
 def test_digits_two_stages_dct_mp_accuracy_and_exact_bytes(tmp_path):
     p, (dense, dct) = train(tmp_path, "mp", 2, "--mp-stages", "2", "--split-after", "net.2", "--scheme", "dense",
                             "--scheme", "dct-mp", "--density", "0.1", "--epochs", "8")
-    # the DESIGN.md contract, plus the pipeline's own keys
+    # the JSON result's fixed keys, plus the pipeline's own keys
     for r in (dense, dct):
         for key in ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank", "phases",
                     "step_seconds", "config", "metrics", "mp"):

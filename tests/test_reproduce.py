@@ -39,8 +39,8 @@ def test_registry_and_list():
     assert res.exit_code == 0
     for name in NAMES:
         assert name in res.output
-    for seed in ("001 DEFT", "002 ScaleCom", "000 DCT", "003 Slim-DP", "004 DGS"):
-        assert seed in res.output
+    for paper in ("DEFT (Yoon & Oh", "ScaleCom (Chen et al.", "DCT (Gupta et al.)", "Slim-DP (Sun et al.", "DGS (Yan"):
+        assert paper in res.output
 
 
 @pytest.mark.parametrize("args, message", [

@@ -106,7 +106,7 @@ def test_plot_writes_a_png(tmp_path):
 
 
 def test_digits_accuracy_dense_and_sparse_schemes(tmp_path):
-    """The issue's acceptance: dense >= 95 %, sparse schemes at density 0.01 within 2 points."""
+    """Acceptance: dense >= 95 %, sparse schemes at density 0.01 within 2 points."""
     schemes = [s for s in ("topk", "cltk", "deft") if s in __import__("mpisparse.schemes").schemes.SCHEMES]
     args = ["--scheme", "dense", *sum((["--scheme", s] for s in schemes), []), "--density", "0.01",
             "--epochs", "20", "--batch-size", "32"]

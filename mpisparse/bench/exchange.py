@@ -13,7 +13,7 @@ several ``-n``).  Ranks reach the first exchange of a step at different
 times, so the first exchange phase also holds the wait for the slowest
 rank's selection (as in every scheme's per-phase table).
 
-Every result is the per-run object of DESIGN.md section 2 (``bench step``'s)
+Every result is the per-run JSON result object (``bench step``'s)
 with these keys added:
 
 ``exchange_seconds``

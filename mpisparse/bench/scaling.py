@@ -7,8 +7,8 @@ and density (``--densities``) it runs one job
 
 (:mod:`mpisparse.bench.runs`: ``mpiexec`` through :mod:`mpisparse.launch`,
 bounded by ``--timeout``; or one emulated host per rank with
-``--emucluster RATE``), collects the per-run result objects (DESIGN.md
-section 2), prints one table (model x scheme x W x density: step time,
+``--emucluster RATE``), collects the per-run JSON result objects,
+prints one table (model x scheme x W x density: step time,
 speedup over the baseline, bytes per rank per step, measured density) and
 draws one plot (step time, speedup and bytes against W).
 

@@ -1,4 +1,4 @@
-"""Per-rank selection time of DEFT against a whole-vector top-k (seed 001, Fig. 9).
+"""Per-rank selection time of DEFT against a whole-vector top-k (DEFT, Yoon & Oh, Fig. 9).
 
 For each model and world size ``W``, on one synthetic gradient shaped like
 the model (:class:`mpisparse.gradgen.SyntheticGradients`, rank 0, step 0):

@@ -16,7 +16,7 @@ warm-up call:
   when torch has CUDA;
 - ``estimate_threshold`` (1 % sample).
 
-Targets of the GPU issue: ``threshold_select / one_read <= 2`` and
+Targets of the GPU path (mpisparse/backend/GPU_TODO.md): ``threshold_select / one_read <= 2`` and
 ``torch_topk / topk_abs >= 5``.  The results are checked (exact top-k value
 set, threshold count) and returned as a dict; nothing is printed here.
 """

@@ -1,6 +1,6 @@
-"""``dlrm``: the dense part of a DLRM (Naumov et al., 2019) as seed 000 trains it (Sec. 3.1).
+"""``dlrm``: the dense part of a DLRM (Naumov et al., 2019) as the DCT paper (Gupta et al.) trains it (Sec. 3.1).
 
-Seed 000's DLRM processes the dense features with a bottom MLP of four
+The DCT paper's DLRM processes the dense features with a bottom MLP of four
 fully connected layers, each followed by a ReLU, with 512, 256, 64 and 16
 outputs; the result interacts with the sparse features' embeddings, and a
 top MLP of four FC layers (512, 256, 128 and 1 outputs, ReLU between them,
@@ -27,7 +27,7 @@ from torch import nn
 
 __all__ = ["DLRM", "BOTTOM", "TOP"]
 
-#: output widths of the bottom MLP's FC layers (seed 000, Sec. 3.1)
+#: output widths of the bottom MLP's FC layers (DCT paper, Sec. 3.1)
 BOTTOM = (512, 256, 64, 16)
 #: output widths of the top MLP's FC layers before the last one
 TOP = (512, 256, 128)

@@ -13,7 +13,7 @@
   512 channels (strides 1, 2, 2, 2; 1x1 conv + BatchNorm projection
   shortcuts), BatchNorm, global average pool, fc.  11,173,962 parameters for
   3 input channels and 10 classes; 32x32 inputs end at 4x4, 8x8 at 1x1.
-* ``dlrm`` -- the dense part of a DLRM as in seed 000 Sec. 3.1: bottom MLP
+* ``dlrm`` -- the dense part of a DLRM as in the DCT paper, Sec. 3.1: bottom MLP
   (FC + ReLU, 512-256-64-16), top MLP (512-256-128-classes), see
   :mod:`mpisparse.models.dlrm` (``bottom``/``top`` set the widths).
 * ``lstm`` -- word language model: Embedding(vocab, 200) -> 2-layer LSTM

@@ -1,4 +1,4 @@
-"""Model (pipeline) and hybrid parallelism with DCT-MP (seed 000, Sec. 2.2, Algorithm 2).
+"""Model (pipeline) and hybrid parallelism with DCT-MP (Gupta et al., Sec. 2.2, Algorithm 2).
 
 * :mod:`.stages` -- the stage split: the model as a chain of layers; split points (named or balanced);
 * :mod:`.sparsify` -- DCT-MP's per-sample masks, the Laplace estimate and the wire format;

@@ -4,7 +4,7 @@ Stage ``s`` sends its output activations to stage ``s + 1`` and receives
 their gradient back; stage ``s + 1`` does the opposite.  Both hold an
 :class:`ActivationLink` for the split between them (``peer`` is the other
 stage's rank in the pipeline communicator).  With a sparsifier the link
-runs DCT-MP (seed 000, Alg. 2; :mod:`mpisparse.mp.sparsify`), without one it
+runs DCT-MP (Gupta et al., Alg. 2; :mod:`mpisparse.mp.sparsify`), without one it
 sends the dense matrices.
 
 Per (micro-)batch, on the pipeline communicator:

@@ -1,7 +1,7 @@
 """DCT-MP's activation sparsification and its wire format (pure NumPy, no MPI).
 
 Gupta et al., "Fast Distributed Training of Deep Neural Networks: Dynamic
-Communication Thresholding for Model and Data Parallelism" (seed 000),
+Communication Thresholding for Model and Data Parallelism" (Gupta et al.),
 Sec. 2.2 and Algorithm 2 (DCT-MP).  With mini-batch size ``B`` and ``d``
 output features before the split, the activation matrix ``X_act`` and its
 gradient ``X_grad`` are ``B x d``; with sparsity factor ``eta`` (here
@@ -230,7 +230,7 @@ def densify(mask: np.ndarray, values: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- the state object
 
 class ActivationSparsifier:
-    """DCT-MP's selector for one split (seed 000, Alg. 2 l.3-9), with its statistics.
+    """DCT-MP's selector for one split (Gupta et al., Alg. 2 l.3-9), with its statistics.
 
     ``threshold="topk"``: exact per-row top-``floor(d eta)``;
     ``threshold="laplace"``: one ``tau`` per (micro-)batch from a Laplace fit.

@@ -4,12 +4,12 @@ A model that can be pipelined is a chain: its forward pass is the
 composition of an ordered list of leaf layers, :func:`pipeline_layers`.
 Stage ``s`` of ``S`` holds a consecutive run of them; what crosses a split is
 the activation matrix ``X_act`` (rows = samples) going forward and its
-gradient ``X_grad`` coming back (seed 000, Fig. 1 right and Fig. 7).
+gradient ``X_grad`` coming back (DCT paper, Fig. 1 right and Fig. 7).
 
 Split points are named by the layer a split comes *after*
 (``--split-after net.2`` puts ``net.0 .. net.2`` on stage 0), or chosen by
-:func:`balanced_cuts`, which balances the stages' parameter counts.  Seed
-000's Remark 1 inserts splits "after randomly chosen FC layers, or after the
+:func:`balanced_cuts`, which balances the stages' parameter counts.  The DCT
+paper's Remark 1 inserts splits "after randomly chosen FC layers, or after the
 ReLU following the FC layer if it exists" (the activation is then about half
 zeros); the balanced choice follows it: a cut never separates a layer from
 the parameter-free layers after it (ReLU, pooling, flatten), so it falls

@@ -1,6 +1,6 @@
 """Hybrid parallelism: which rank holds which stage of which replica.
 
-``W`` ranks run ``R = W / S`` replicas (data-parallel "trainers", seed 000
+``W`` ranks run ``R = W / S`` replicas (data-parallel "trainers", DCT paper
 Fig. 1) of an ``S``-stage pipeline.  World rank ``r`` is stage ``r mod S`` of
 replica ``r div S``, so one replica's stages are consecutive ranks (on one
 node when ranks are packed by node: the activations, sent every micro-batch,

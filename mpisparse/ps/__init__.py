@@ -1,7 +1,7 @@
 """Parameter-server runtime: ``--servers S`` ranks hold the model, the rest train.
 
-The schemes of this family (``plumpdp``, ``slimdp``: Slim-DP, seed 003;
-``asgd``, ``dgs``: Dual-Way Gradient Sparsification, seed 004) do not fit
+The schemes of this family (``plumpdp``, ``slimdp``: Slim-DP, Sun et al.;
+``asgd``, ``dgs``: Dual-Way Gradient Sparsification, Yan et al.) do not fit
 the collective :meth:`mpisparse.schemes.Scheme.step` contract: workers
 push to and pull from servers, in lock-step rounds (synchronous mode) or
 whenever they are ready (asynchronous mode).  The modules:
@@ -15,7 +15,7 @@ whenever they are ready (asynchronous mode).  The modules:
 ``algorithm``        the interfaces each scheme's worker and server implement
 ``plumpdp`` ...      one module per scheme (``slimdp``, ``asgd``, ``dgs``)
 ``scheme``           :class:`PSScheme`, the registry's base for these schemes
-``results``          the result object (DESIGN.md section 2 plus PS keys)
+``results``          the JSON result object plus PS keys
 ``train``, ``bench`` ``mpisparse train`` / ``bench step`` on this runtime
 ===================  ==========================================================
 

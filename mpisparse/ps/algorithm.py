@@ -176,7 +176,7 @@ def layer_k(layout: FusionLayout, density: float) -> np.ndarray:
 def layerwise_topk(x: np.ndarray, pieces: list[tuple[int, int, int]], density: float) -> np.ndarray:
     """Sorted indices of the top ``k_j = max(1, round(density n_j))`` of ``|x|`` in each piece ``[a, b)``.
 
-    DGS (seed 004) worker Alg. l.7-12 and server l.6-11: per layer
+    DGS (Yan et al.) worker Alg. l.7-12 and server l.6-11: per layer
     ``thr <- R% of |x[j]|; Mask <- |x[j]| > thr``, kept as an exact top-k so
     the count does not depend on ties.
     """

@@ -1,4 +1,4 @@
-"""ASGD: dense asynchronous SGD on a parameter server, DGS's baseline (seed 004).
+"""ASGD: dense asynchronous SGD on a parameter server, DGS's baseline (Yan et al.).
 
 Yan et al., "Dual-Way Gradient Sparsification for Asynchronous Distributed
 Deep Learning" (slides): the ``ASGD`` and ``GD-async`` rows of their

@@ -1,4 +1,4 @@
-"""DGS: Dual-Way Gradient Sparsification with SAMomentum (seed 004).
+"""DGS: Dual-Way Gradient Sparsification with SAMomentum (Yan et al.).
 
 Yan, Xiao, Chen, Zhou, Wu, "Dual-Way Gradient Sparsification for
 Asynchronous Distributed Deep Learning" (slides).  Asynchronous parameter

@@ -1,4 +1,4 @@
-"""Plump-DP: the standard parameter-server data parallelism of Slim-DP's paper (seed 003, Sec. 2.1).
+"""Plump-DP: the standard parameter-server data parallelism of Slim-DP's paper (Sun et al., Sec. 2.1).
 
 Sun et al., "Slim-DP: A Light Communication Data Parallelism for DNN",
 AAAI 2018, Figure 1 and Sec. 2.1 -- the baseline Slim-DP is measured

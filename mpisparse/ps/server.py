@@ -17,7 +17,7 @@ One loop per server rank, single-threaded and message-driven:
 3. send every worker its final bundle (the shard; DGS first sends the
    pending model difference).
 
-Modes: ``sync`` (Slim-DP, Plump-DP as evaluated in seed 003), ``async``
+Modes: ``sync`` (Slim-DP, Plump-DP as evaluated in the Slim-DP paper), ``async``
 (ASGD, DGS: pushes in arrival order from any source) and ``round-robin``
 (asynchronous, but the server takes workers in turn 0, 1, ..., K-1, 0, ...:
 the same arithmetic as ``async`` in a fixed order, so runs are

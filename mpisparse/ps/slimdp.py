@@ -1,4 +1,4 @@
-"""Slim-DP: light-communication data parallelism (seed 003, Algorithm 1, Sec. 3.2-3.5).
+"""Slim-DP: light-communication data parallelism (Sun et al., Algorithm 1, Sec. 3.2-3.5).
 
 Sun, Chen, Bian, Liu, Liu, "Slim-DP: A Light Communication Data
 Parallelism for DNN", AAAI 2018.  Synchronous, as evaluated in the paper.

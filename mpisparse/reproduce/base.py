@@ -1,6 +1,6 @@
 """What a reproduce target is, the context it runs in, and its claim-vs-measured report.
 
-A :class:`Target` names one seed paper's claim (a figure or table), runs the
+A :class:`Target` names one paper's claim (a figure or table), runs the
 ``mpisparse`` jobs that measure it through :meth:`Context.run` (each one a
 subprocess whose command line is printed first, see
 :mod:`mpisparse.bench.runs`) and returns a :class:`Report`: detail tables of
@@ -35,6 +35,16 @@ __all__ = ["Claim", "Context", "Report", "Target", "Skip", "SIZES", "format_clai
            "fmt_series", "machine_info"]
 
 SIZES = ("full", "quick", "tiny")
+
+# The papers the targets reproduce (a target's ``seed``).
+DCT = "DCT (Gupta et al.)"
+DEFT = "DEFT (Yoon & Oh, ICPP 2023)"
+SCALECOM = "ScaleCom (Chen et al., NeurIPS 2020)"
+SLIM_DP = "Slim-DP (Sun et al., AAAI 2018)"
+DGS = "DGS (Yan et al., slides)"
+
+#: the Python packages a target that trains models needs (``mpisparse train``)
+TRAINING = ("torch", "sklearn")
 
 
 class Skip(Exception):
@@ -183,11 +193,12 @@ class Context:
 
 
 class Target:
-    """One seed claim: subclasses set the class attributes and implement :meth:`run`."""
+    """One paper's claim: :func:`mpisparse.reproduce.registry.register` sets the class attributes,
+    a subclass implements :meth:`run`."""
 
     name: ClassVar[str] = "abstract"
     title: ClassVar[str] = ""
-    seed: ClassVar[str] = ""  # "001 DEFT (Yoon & Oh, ICPP 2023)"
+    seed: ClassVar[str] = ""  # the paper: one of DCT, DEFT, SCALECOM, SLIM_DP, DGS below
     sources: ClassVar[str] = ""  # "Fig. 1"
     #: schemes that must be registered
     requires_schemes: ClassVar[tuple[str, ...]] = ()
@@ -268,7 +279,7 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
 
 def format_report(rep: Report) -> str:
     """Everything printed after the runs: details, then the claim-vs-measured table."""
-    out = [f"\n== {rep.target}: {rep.title}", f"   seed {rep.seed}; size {rep.size}; {rep.network}"]
+    out = [f"\n== {rep.target}: {rep.title}", f"   {rep.seed}; size {rep.size}; {rep.network}"]
     if rep.skipped:
         out.append(f"SKIPPED: {rep.skipped}")
         return "\n".join(out)

@@ -1,4 +1,4 @@
-"""``dct-threshold``: the top-K threshold over iterations and the life-span L, seed 000 (DCT) Fig. 2, Fig. 8a.
+"""``dct-threshold``: the top-K threshold over iterations and the life-span L, DCT (Gupta et al.) Fig. 2, Fig. 8a.
 
 The paper:
 
@@ -20,7 +20,7 @@ Measured:
   sparsities, reading ``tau_largest_layer`` per step: the threshold of the
   largest FC layer (128 x 128), mean over ranks.  The deviation at step t is
   ``|tau_t - m_t| / m_t`` with ``m_t`` the running mean of tau over steps
-  0..t.  (seed 000's DLRM, ``--model dlrm``, barely trains on digits at these
+  0..t.  (the DCT paper's DLRM, ``--model dlrm``, barely trains on digits at these
   settings, so the MLP stands in.)
 * Fig. 8a: ``bench step --scheme dense --scheme dct --lifespan L`` at 95 %
   sparsity (density 0.05), one job per L, dense timed in every job: step
@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..bench.report import Column, format_rows
-from .base import Claim, Context, Report, Target, fmt_series
+from .base import DCT, TRAINING, Claim, Context, Report, Target, fmt_series
 from .registry import register
 
 SPARSITY_95 = 0.05  # density of "95% sparsity"
@@ -142,15 +142,9 @@ def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]]) -
     return claims
 
 
-@register
+@register("dct-threshold", paper=DCT, sources="Fig. 2; Fig. 8a", schemes=("dct",), modules=TRAINING,
+          title="DCT-DP: the top-K threshold across iterations, and the effect of its life-span L")
 class DctThreshold(Target):
-    name = "dct-threshold"
-    title = "DCT-DP: the top-K threshold across iterations, and the effect of its life-span L"
-    seed = "000 DCT (Gupta et al.)"
-    sources = "Fig. 2; Fig. 8a"
-    requires_schemes = ("dct",)
-    requires_modules = ("torch", "sklearn")
-
     def run(self, ctx: Context) -> Report:
         w = ctx.world(2)
         densities = ctx.pick([0.2, 0.05, 0.01, 0.005], [0.2, 0.05, 0.01], [0.05, 0.01])

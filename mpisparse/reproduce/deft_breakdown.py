@@ -1,4 +1,4 @@
-"""``deft-breakdown``: time breakdown of one iteration, seed 001 (DEFT) Fig. 7.
+"""``deft-breakdown``: time breakdown of one iteration, DEFT (Yoon & Oh) Fig. 7.
 
 The paper (Fig. 7, LSTM on WikiText-2, 16 GPUs, the slowest worker's time
 per iteration averaged over iterations; Sec. 5.3): "DEFT requires a
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..bench.report import Column, format_rows
-from .base import Claim, Context, Report, Target
+from .base import DEFT, Claim, Context, Report, Target
 from .registry import register
 
 DENSITY = 0.001
@@ -73,14 +73,9 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
     return claims
 
 
-@register
+@register("deft-breakdown", paper=DEFT, sources="Fig. 7", schemes=("topk", "cltk", "deft"),
+          title="per-phase time of one step: topk, cltk, deft")
 class DeftBreakdown(Target):
-    name = "deft-breakdown"
-    title = "per-phase time of one step: topk, cltk, deft"
-    seed = "001 DEFT (Yoon & Oh, ICPP 2023)"
-    sources = "Fig. 7"
-    requires_schemes = ("topk", "cltk", "deft")
-
     def run(self, ctx: Context) -> Report:
         w = ctx.world(ctx.pick(16, 2, 2))
         model = ctx.pick("lstm-wt2", "lstm-wt2", "resnet18")

@@ -1,4 +1,4 @@
-"""``deft-buildup``: gradient build-up of top-k, seed 001 (DEFT) Fig. 1 and Sec. 5.2.
+"""``deft-buildup``: gradient build-up of top-k, DEFT (Yoon & Oh) Fig. 1 and Sec. 5.2.
 
 The paper (Fig. 1, ResNet-18 on CIFAR-10, batch 256, density set to 0.01):
 "the actual density increases as the number of workers increases even
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..bench.report import Column, format_rows
-from .base import Claim, Context, Report, Target, fmt_series
+from .base import DEFT, Claim, Context, Report, Target, fmt_series
 from .registry import register
 
 DENSITY = 0.01
@@ -91,14 +91,9 @@ def evaluate(bench_rows: Sequence[dict[str, Any]], train_rows: Sequence[dict[str
     return claims
 
 
-@register
+@register("deft-buildup", paper=DEFT, sources="Fig. 1; Sec. 5.2 / Fig. 4", schemes=("topk", "cltk", "deft"),
+          title="gradient build-up: measured density of top-k, CLT-k and DEFT against W")
 class DeftBuildup(Target):
-    name = "deft-buildup"
-    title = "gradient build-up: measured density of top-k, CLT-k and DEFT against W"
-    seed = "001 DEFT (Yoon & Oh, ICPP 2023)"
-    sources = "Fig. 1; Sec. 5.2 / Fig. 4"
-    requires_schemes = ("topk", "cltk", "deft")
-
     def run(self, ctx: Context) -> Report:
         worlds = ctx.worlds(ctx.pick([1, 2, 4, 8, 16], [1, 2, 4], [1, 2]))
         iters = ctx.pick(20, 5, 2)

@@ -1,4 +1,4 @@
-"""``deft-speedup``: DEFT's selection speedup against W, seed 001 (DEFT) Fig. 9 and eq. 9.
+"""``deft-speedup``: DEFT's selection speedup against W, DEFT (Yoon & Oh) Fig. 9 and eq. 9.
 
 The paper (Fig. 9, LSTM on WikiText-2; Sec. 5.4): "the speedup of DEFT over
 the Top-k gradient selection increases as the number of workers increases"
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..bench.report import Column, format_rows
-from .base import Claim, Context, Report, Target, fmt_series
+from .base import DEFT, Claim, Context, Report, Target, fmt_series
 from .registry import register
 
 DENSITY = 0.001
@@ -43,14 +43,9 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
     return claims
 
 
-@register
+@register("deft-speedup", paper=DEFT, sources="Fig. 9; Sec. 5.4, eq. 9", schemes=("deft",),
+          title="DEFT's selection speedup over whole-vector top-k against W (one process)")
 class DeftSpeedup(Target):
-    name = "deft-speedup"
-    title = "DEFT's selection speedup over whole-vector top-k against W (one process)"
-    seed = "001 DEFT (Yoon & Oh, ICPP 2023)"
-    sources = "Fig. 9; Sec. 5.4, eq. 9"
-    requires_schemes = ("deft",)
-
     def run(self, ctx: Context) -> Report:
         worlds = ctx.worlds(ctx.pick([1, 2, 4, 8, 16, 32], [1, 2, 4, 8, 16], [1, 2, 4]))
         repeats = ctx.pick(5, 3, 1)

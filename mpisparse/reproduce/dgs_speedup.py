@@ -1,4 +1,4 @@
-"""``dgs-speedup``: DGS against dense asynchronous SGD under low bandwidth, seed 004 (DGS slides).
+"""``dgs-speedup``: DGS against dense asynchronous SGD under low bandwidth, the DGS slides (Yan et al.).
 
 The slides (Yan et al., "Dual-Way Gradient Sparsification for Asynchronous
 Distributed Deep Learning"): the "Low Bandwidth Results" slide plots "Time vs
@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..bench.report import Column, format_rows
-from .base import Claim, Context, Report, Target
+from .base import DGS, TRAINING, Claim, Context, Report, Target
 from .registry import register
 
 DENSITY = 0.01  # DGS's R: the fraction of each layer a worker pushes
@@ -141,15 +141,10 @@ def evaluate(rows: Sequence[dict[str, Any]], target_loss: float | None, target_a
     return claims
 
 
-@register
+@register("dgs-speedup", paper=DGS, schemes=("asgd", "dgs"), modules=TRAINING,
+          sources="slides: Low Bandwidth Results, Speed up, CIFAR-10 table",
+          title="DGS vs ASGD on a parameter server under low bandwidth: time to accuracy")
 class DgsSpeedup(Target):
-    name = "dgs-speedup"
-    title = "DGS vs ASGD on a parameter server under low bandwidth: time to accuracy"
-    seed = "004 DGS (Yan et al., slides)"
-    sources = "slides: Low Bandwidth Results, Speed up, CIFAR-10 table"
-    requires_schemes = ("asgd", "dgs")
-    requires_modules = ("torch", "sklearn")
-
     def run(self, ctx: Context) -> Report:
         w = ctx.world(ctx.pick(9, 3, 3))
         epochs = ctx.pick(20, 5, 2)

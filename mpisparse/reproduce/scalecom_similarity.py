@@ -1,4 +1,4 @@
-"""``scalecom-similarity``: memory similarity and Hamming distance, seed 002 (ScaleCom) Fig. 2 and 3.
+"""``scalecom-similarity``: memory similarity and Hamming distance, ScaleCom (Chen et al.) Fig. 2 and 3.
 
 The paper (ResNet-18 on CIFAR-10):
 
@@ -31,7 +31,7 @@ import math
 from typing import Any, Sequence
 
 from ..bench.report import Column, format_rows
-from .base import Claim, Context, Report, Target, fmt_series
+from .base import SCALECOM, TRAINING, Claim, Context, Report, Target, fmt_series
 from .registry import register
 
 DENSITY = 1 / 400  # "compression rate = 400X" (Fig. 3)
@@ -114,15 +114,10 @@ def evaluate(base: Sequence[dict[str, Any]], scaled: dict[str, Any] | None,
     return claims
 
 
-@register
+@register("scalecom-similarity", paper=SCALECOM, sources="Fig. 2(a), 2(c); Fig. 3", schemes=("cltk",),
+          modules=TRAINING,
+          title="CLT-k: cosine distance between workers' memories, Hamming distance to the true top-k")
 class ScalecomSimilarity(Target):
-    name = "scalecom-similarity"
-    title = "CLT-k: cosine distance between workers' memories, Hamming distance to the true top-k"
-    seed = "002 ScaleCom (Chen et al., NeurIPS 2020)"
-    sources = "Fig. 2(a), 2(c); Fig. 3"
-    requires_schemes = ("cltk",)
-    requires_modules = ("torch", "sklearn")
-
     def run(self, ctx: Context) -> Report:
         worlds = ctx.worlds(ctx.pick([2, 4, 8], [2, 4], [2]))
         iterations = ctx.pick(90, 90, 30)

@@ -1,4 +1,4 @@
-"""``slimdp-traffic``: communication of Slim-DP against Plump-DP, seed 003 (Slim-DP) Sec. 3.4 and Table 1.
+"""``slimdp-traffic``: communication of Slim-DP against Plump-DP, Slim-DP (Sun et al.) Sec. 3.4 and Table 1.
 
 The paper:
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..bench.report import Column, format_rows
-from .base import Claim, Context, Report, Target, fmt_series
+from .base import SLIM_DP, Claim, Context, Report, Target, fmt_series
 from .registry import register
 
 TRAFFIC_TOLERANCE = 0.02  # relative, for (2 alpha - beta)
@@ -91,14 +91,10 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
     return claims
 
 
-@register
+@register("slimdp-traffic", paper=SLIM_DP, schemes=("plumpdp", "slimdp"),
+          sources="Sec. 3.4; Table 1; Table 2 (Speed_d)",
+          title="Slim-DP vs Plump-DP: bytes per communication and communication time per worker")
 class SlimdpTraffic(Target):
-    name = "slimdp-traffic"
-    title = "Slim-DP vs Plump-DP: bytes per communication and communication time per worker"
-    seed = "003 Slim-DP (Sun et al., AAAI 2018)"
-    sources = "Sec. 3.4; Table 1; Table 2 (Speed_d)"
-    requires_schemes = ("plumpdp", "slimdp")
-
     def run(self, ctx: Context) -> Report:
         worlds = ctx.worlds(ctx.pick([5, 9], [3], [3]))
         # (shapes, alpha, beta): the paper's VGG-16 setting, and GoogLeNet's alpha/beta on ResNet-50 shapes

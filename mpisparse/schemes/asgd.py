@@ -1,4 +1,4 @@
-"""``asgd``: dense asynchronous SGD on a parameter server (seed 004's baseline).
+"""``asgd``: dense asynchronous SGD on a parameter server (the DGS paper's baseline).
 
 ``--worker-density d < 1`` turns it into gradient dropping (GD-async).
 The algorithm lives in :mod:`mpisparse.ps.asgd`.

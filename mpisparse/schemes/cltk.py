@@ -1,7 +1,7 @@
 """``cltk``: ScaleCom's cyclic local top-k (CLT-k) with a low-pass filtered memory.
 
 Chen et al., "ScaleCom: Scalable Sparsified Gradient Compression for
-Communication-Efficient Distributed Training" (NeurIPS 2020), seed 002.
+Communication-Efficient Distributed Training" (NeurIPS 2020).
 
 Algorithm 1, as run by every rank ``i`` of ``W`` at iteration ``t``
 (``t`` = :attr:`Scheme.iteration`, counted from 0, warm-up included):

@@ -1,7 +1,7 @@
 """``dct``: DCT-DP, per-layer top-K threshold refreshed every ``L`` steps.
 
 Gupta et al., "Fast Distributed Training of Deep Neural Networks: Dynamic
-Communication Thresholding for Model and Data Parallelism" (seed 000),
+Communication Thresholding for Model and Data Parallelism" (Gupta et al.),
 Sec. 2.1 and Algorithm 1 (DCT-DP).  Per layer of ``N`` entries, with sparsity
 factor ``eta`` (here ``--density``) and threshold life-span ``L``
 (``--lifespan``), at iteration ``k``:
@@ -177,7 +177,7 @@ def laplace_fit_threshold(x, kept_fraction: float, *, two_sided: bool = True) ->
 
 @register("dct")
 class DCT(SparseGatherScheme):
-    """DCT-DP (seed 000, Alg. 1): per-layer ``tau`` every ``L`` steps, hard threshold between.
+    """DCT-DP (Gupta et al., Alg. 1): per-layer ``tau`` every ``L`` steps, hard threshold between.
 
     State beyond iteration and memory: :attr:`taus` (one per layer, ``None``
     before the first recomputation) and :attr:`recomputed_at`.
@@ -231,7 +231,7 @@ class DCT(SparseGatherScheme):
     def diagnostics(self) -> dict[str, float]:
         d = super().diagnostics()
         d["tau_recomputed"] = float(self.recomputed)
-        # this rank's own density (before the union over ranks) and, for seed 000 Fig. 2, the
+        # this rank's own density (before the union over ranks) and, for the DCT paper's Fig. 2, the
         # threshold of the largest layer in use at this step; both means over ranks
         big = int(np.argmax(self.layout.sizes)) if len(self.layout) else 0
         tau = 0.0 if not self.taus else float(self.taus[big])

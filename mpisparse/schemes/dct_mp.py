@@ -1,4 +1,4 @@
-"""``dct-mp``: DCT-MP (seed 000, Sec. 2.2, Algorithm 2), the registry entry.
+"""``dct-mp``: DCT-MP (Gupta et al., Sec. 2.2, Algorithm 2), the registry entry.
 
 DCT-MP sparsifies what crosses a model-parallel split, not a gradient
 vector: per sample, the activations of largest magnitude go forward with

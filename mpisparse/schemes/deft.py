@@ -1,10 +1,10 @@
-"""``deft``: distributed execution of fragmented top-k (DEFT, seed 001).
+"""``deft``: distributed execution of fragmented top-k (DEFT, Yoon & Oh, ICPP 2023).
 
 Source: D. Yoon and S. Oh, "DEFT: Exploiting Gradient Norm Difference between
-Model Layers for Scalable Gradient Sparsification", ICPP 2023
-(``/work/shared/seeds/001_3c7cf191a93141c0.txt``).  The partitioning math is
-in :mod:`mpisparse.layer_partition` (pure functions, one per pseudocode box); this
-module wires it into Alg. 1 and adds the fast selection of Alg. 5.
+Model Layers for Scalable Gradient Sparsification", ICPP 2023.  The
+partitioning math is in :mod:`mpisparse.layer_partition` (pure functions, one
+per pseudocode box); this module wires it into Alg. 1 and adds the fast
+selection of Alg. 5.
 
 Once, at construction
     Alg. 2 (two-stage partitioning): the fusion layout's tensors
@@ -248,7 +248,7 @@ def simulate_selection_times(layout, grad, density: float, world_size: int,
 
 @register("deft")
 class Deft(Scheme):
-    """DEFT (Alg. 1-5 of seed 001); see the module docstring."""
+    """DEFT (Alg. 1-5 of the DEFT paper); see the module docstring."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)

@@ -6,7 +6,7 @@ Communication Bandwidth for Distributed Training", ICLR 2018: Algorithm 1
 correction and momentum factor masking of Sec. 3.2 (Appendix, "DGC with
 momentum correction"), local gradient clipping (Sec. 3.2), the sampled /
 hierarchical threshold selection (Sec. 5) and the exponential sparsity
-warm-up (Sec. 3.3).  Not a seed paper of this project: written from the
+warm-up (Sec. 3.3).  Not one of the papers this project reproduces: written from the
 published algorithm.
 
 One step on rank ``r`` of ``W`` (``t`` = iteration, ``g`` = this rank's

@@ -1,4 +1,4 @@
-"""``dgs``: Dual-Way Gradient Sparsification with SAMomentum (seed 004).
+"""``dgs``: Dual-Way Gradient Sparsification with SAMomentum (Yan et al.).
 
 ``--density`` is R, the fraction of each layer a worker pushes;
 ``--server-density`` the secondary compression of the downlink.  The

@@ -1,4 +1,4 @@
-"""``plumpdp``: Plump-DP, the standard parameter-server data parallelism (seed 003, Sec. 2.1).
+"""``plumpdp``: Plump-DP, the standard parameter-server data parallelism (Sun et al., Sec. 2.1).
 
 Dense push of the accumulated local update, pull of the whole model,
 synchronous rounds.  The algorithm lives in :mod:`mpisparse.ps.plumpdp`.

@@ -1,4 +1,4 @@
-"""``slimdp``: Slim-DP, core + explorer communication sets (seed 003, Algorithm 1).
+"""``slimdp``: Slim-DP, core + explorer communication sets (Sun et al., Algorithm 1).
 
 ``--density`` is alpha (the communication set's fraction), ``--core`` beta.
 The algorithm lives in :mod:`mpisparse.ps.slimdp`.

@@ -4,7 +4,7 @@ Each rank selects the ``k = d n`` entries of largest ``|e + g|`` (over the
 whole vector, or per layer with ``--layerwise``: ``k_l = ceil(d n_l)``),
 sends its indices and values with Allgatherv and sums all ranks' sets.
 Ranks select different sets, so up to ``W k`` distinct entries are updated
-per step: the gradient build-up of DEFT (seed 001, Fig. 1).  It is measured
+per step: the gradient build-up of DEFT (Yoon & Oh, Fig. 1).  It is measured
 (``density_actual``), never hidden.
 """
 

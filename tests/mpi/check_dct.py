@@ -1,4 +1,4 @@
-"""Run on W ranks: ``dct`` (DCT-DP, seed 000 Alg. 1) against a NumPy reference.
+"""Run on W ranks: ``dct`` (DCT-DP, Gupta et al., Alg. 1) against a NumPy reference.
 
 Every rank regenerates all ranks' gradients and simulates Algorithm 1 on
 each of them in float32 (per-rank, per-layer thresholds, the k-th largest

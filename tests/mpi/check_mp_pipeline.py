@@ -8,7 +8,7 @@ training the whole model with the same seed on the same batches:
 * density 1 (``dense``, and ``dct-mp`` at density 1): exactly equal;
 * ``dct-mp`` at density 0.25 (top-k and Laplace): exactly equal to the
   reference network with the layer ``X * M(X)`` inserted at each split
-  (seed 000 Sec. 2.2 "Analysis": SGD on the changed network), so forward
+  (DCT paper, Sec. 2.2 "Analysis": SGD on the changed network), so forward
   masks and masked backward gradients are what Alg. 2 says;
 * micro-batches, and hybrid replicas (W = 4: 2 replicas x 2 stages, the
   reference trains on both replicas' batches at once): equal to rounding.

@@ -1,4 +1,4 @@
-// Per-row top-k mask (DCT-MP, seed 000 Alg. 2 l.3-9): one block per row.
+// Per-row top-k mask (DCT-MP, Gupta et al., Alg. 2 l.3-9): one block per row.
 //
 // Radix select on the magnitude keys of the row, 8 bits per pass from the
 // top (4 passes for float32, 8 for float64), with a shared 256-bin histogram:
