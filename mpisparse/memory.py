@@ -21,6 +21,27 @@ from typing import Any
 
 import numpy as np
 
+from . import backend
+
+
+def accumulate(buf, grad):
+    """``buf += grad`` in place (a copy of ``grad`` when there is no buffer yet); returns the buffer."""
+    if buf is None:
+        return grad.copy()
+    buf += grad
+    return buf
+
+
+def saved(buf) -> np.ndarray | None:
+    """A host copy of a memory buffer, for ``state_dict`` (None stays None)."""
+    return None if buf is None else np.array(backend.to_host(buf), copy=True)
+
+
+def restored(value) -> np.ndarray | None:
+    """A float32 buffer from a ``state_dict`` entry (None stays None)."""
+    return None if value is None else np.array(value, dtype=np.float32, copy=True)
+
+
 class Memory:
     """Interface of an error-feedback memory."""
 
@@ -57,10 +78,7 @@ class ResidualMemory(Memory):
         self.residual = None
 
     def compensate(self, grad):
-        if self.residual is None:
-            self.residual = grad.copy()
-        else:
-            self.residual += grad
+        self.residual = accumulate(self.residual, grad)
         return self.residual
 
     def update(self, acc, sent_indices) -> None:
@@ -75,12 +93,10 @@ class ResidualMemory(Memory):
         self.residual = None
 
     def state_dict(self) -> dict[str, Any]:
-        r = self.residual
-        return {"residual": None if r is None else np.array(r, copy=True)}
+        return {"residual": saved(self.residual)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        r = state.get("residual")
-        self.residual = None if r is None else np.array(r, dtype=np.float32, copy=True)
+        self.residual = restored(state.get("residual"))
 
 
 def make_memory(enabled: bool) -> Memory:

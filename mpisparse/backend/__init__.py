@@ -59,6 +59,11 @@ def as_array(x: Any):
     return np.asarray(x)
 
 
+def to_host(x: Any) -> np.ndarray:
+    """``x`` as a NumPy array: device arrays are copied to the host, host arrays are viewed."""
+    return x.get() if is_device_array(x) and hasattr(x, "get") else np.asarray(x)
+
+
 def kernels(x: Any) -> ModuleType:
     """The kernel module for the array module of ``x``."""
     name = array_module(x).__name__

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -67,10 +67,7 @@ class LinkStats:
     encodings: Counter = field(default_factory=Counter)
 
     def to_dict(self) -> dict:
-        return {"messages": self.messages, "bytes_forward": self.bytes_forward,
-                "bytes_backward": self.bytes_backward, "dense_bytes_forward": self.dense_bytes_forward,
-                "dense_bytes_backward": self.dense_bytes_backward, "kept": self.kept, "entries": self.entries,
-                "encodings": dict(self.encodings)}
+        return {**asdict(self), "encodings": dict(self.encodings)}
 
 
 class ActivationLink:

@@ -37,7 +37,7 @@ from .. import backend
 from ..fusion import FusionLayout
 from ..schemes.base import k_for
 from ..timing import PhaseTimer
-from .protocol import MODEL, Part, ProtocolError, decode_into, encode
+from .protocol import MODEL, PUSH, Part, ProtocolError, check_shape, decode_into, encode
 from .roles import Shard, split_by_shard
 
 
@@ -154,6 +154,15 @@ class ServerAlgorithm:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.w[...] = state["w"]
+
+
+def single_push(scheme: str, worker: int, parts: list[Part], n: int) -> Part:
+    """The one PUSH (sparse or dense over the shard's ``n`` entries) a worker sends per round."""
+    part = parts[-1]
+    if part.kind != PUSH:
+        raise ProtocolError(f"{scheme}: worker {worker} sent {part.name}")
+    check_shape(part, n)
+    return part
 
 
 # --------------------------------------------------------------------------- shared math

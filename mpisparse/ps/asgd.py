@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from .algorithm import (ServerAlgorithm, WorkerAlgorithm, layer_pieces, layerwise_topk, push_sparse,
-                        scaled_gradient)
-from .protocol import PULL, PUSH, Part, ProtocolError, check_shape, decode_into, is_dense
+                        scaled_gradient, single_push)
+from .protocol import PULL, PUSH, Part, ProtocolError, decode_into, is_dense
 
 
 class ASGDWorker(WorkerAlgorithm):
@@ -86,11 +86,7 @@ class ASGDWorker(WorkerAlgorithm):
 
 class ASGDServer(ServerAlgorithm):
     def receive(self, worker, parts):
-        part = parts[-1]
-        if part.kind != PUSH:
-            raise ProtocolError(f"asgd: worker {worker} sent {part.name}")
-        check_shape(part, self.n)
-        return part
+        return single_push("asgd", worker, parts, self.n)
 
     def apply(self, pushes):
         for _, part in pushes:

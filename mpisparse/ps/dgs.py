@@ -54,8 +54,8 @@ from typing import Any
 import numpy as np
 
 from .algorithm import (ServerAlgorithm, WorkerAlgorithm, layer_pieces, layerwise_topk, push_sparse,
-                        scaled_gradient)
-from .protocol import DIFF, MODEL, PULL, PUSH, Part, ProtocolError, check_shape, decode_into, encode
+                        scaled_gradient, single_push)
+from .protocol import DIFF, MODEL, PULL, PUSH, Part, ProtocolError, decode_into, encode
 
 
 def sam_momentum(ctx) -> float:
@@ -126,11 +126,7 @@ class DGSServer(ServerAlgorithm):
         self._G = np.zeros(self.n, dtype=np.float32)
 
     def receive(self, worker, parts):
-        part = parts[-1]
-        if part.kind != PUSH:
-            raise ProtocolError(f"dgs: worker {worker} sent {part.name}")
-        check_shape(part, self.n)
-        return part
+        return single_push("dgs", worker, parts, self.n)
 
     def apply(self, pushes):
         for _, part in pushes:

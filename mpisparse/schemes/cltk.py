@@ -75,20 +75,22 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..memory import Memory, NoMemory
+from ..memory import Memory, NoMemory, accumulate, restored, saved
 from .base import Scheme, SchemeOption, register
 
 
 # --------------------------------------------------------------------------- pure functions
+#: eq. 5's low-pass factor: the ``--beta`` option, and the range every holder of a beta checks
+BETA = SchemeOption("beta", float, 1.0,
+                    "cltk: low-pass factor of the memory update (ScaleCom eq. 5); 1 = plain error feedback",
+                    low=0.0, high=1.0, low_open=True)
+
+
 def check_beta(beta: Any) -> float:
     """The low-pass factor of eq. 5 as a float; ValueError outside (0, 1]."""
-    try:
-        b = float(beta)
-    except (TypeError, ValueError):
-        raise ValueError(f"The low-pass factor beta must be a number in (0, 1], got {beta!r}.") from None
-    if not (0.0 < b <= 1.0):
-        raise ValueError(f"The low-pass factor beta is {beta!r}; it must lie in the range (0, 1].")
-    return b
+    if beta is None:
+        raise ValueError("--beta is None; allowed range is (0, 1]")
+    return BETA.validate(beta)
 
 
 def chunk_sizes(total: int, chunks: int) -> np.ndarray:
@@ -179,7 +181,7 @@ def normalized_hamming(selected, true_set, k: int) -> float:
     """``d / k`` of eq. 6 for two sets of ``k`` indices: ``d = k - |A & B|``."""
     if k == 0:
         return 0.0
-    a, b = _host(selected), _host(true_set)
+    a, b = backend.to_host(selected), backend.to_host(true_set)
     common = np.intersect1d(a, b, assume_unique=True).size
     return float(k - common) / k
 
@@ -209,10 +211,6 @@ def _dot64(x, y) -> float:
     return total
 
 
-def _host(x) -> np.ndarray:
-    return x.get() if backend.is_device_array(x) and hasattr(x, "get") else np.asarray(x)
-
-
 # --------------------------------------------------------------------------- memory
 class LowPassMemory(Memory):
     """ScaleCom's low-pass filtered error feedback (eq. 5, Alg. 1 l.7).
@@ -233,10 +231,7 @@ class LowPassMemory(Memory):
 
     def compensate(self, grad):
         if self.beta == 1.0:
-            if self.residual is None:
-                self.residual = grad.copy()
-            else:
-                self.residual += grad
+            self.residual = accumulate(self.residual, grad)
             return self.residual
         if self.residual is None:
             self.residual = grad.copy()
@@ -262,12 +257,10 @@ class LowPassMemory(Memory):
         self._acc = None
 
     def state_dict(self) -> dict[str, Any]:
-        r = self.residual
-        return {"residual": None if r is None else np.array(_host(r), copy=True), "beta": self.beta}
+        return {"residual": saved(self.residual), "beta": self.beta}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        r = state.get("residual")
-        self.residual = None if r is None else np.array(r, dtype=np.float32, copy=True)
+        self.residual = restored(state.get("residual"))
         self._acc = None
         if "beta" in state:
             self.beta = check_beta(state["beta"])
@@ -279,9 +272,7 @@ class CLTK(Scheme):
     """Cyclic local top-k: the leader ``t mod W`` picks, everyone reduces its values there."""
 
     options = (
-        SchemeOption("beta", float, 1.0,
-                     "cltk: low-pass factor of the memory update (ScaleCom eq. 5); 1 = plain error feedback",
-                     low=0.0, high=1.0, low_open=True),
+        BETA,
         SchemeOption("chunks", int, 1,
                      "cltk: chunk-wise selection: top-(k/C) in each of C near-equal contiguous chunks",
                      low=1),

@@ -75,7 +75,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..memory import Memory
+from ..memory import Memory, accumulate, restored, saved
 from .base import SchemeOption, SparseGatherScheme, k_for, register, scatter_sum
 
 #: More than ``UPPER * k`` candidates: take the exact top k of the candidates.
@@ -220,17 +220,12 @@ class MomentumCorrectionMemory(Memory):
         return self.v if self.accumulate else None
 
     def compensate(self, grad):
-        if self.u is None:
-            self.u = grad.copy()  # Alg. step 3 from u = 0
-        else:
-            self.u *= self.momentum  # Alg. step 3
-            self.u += grad
+        if self.u is not None:
+            self.u *= self.momentum  # Alg. step 3: u = m u + g (from u = 0)
+        self.u = accumulate(self.u, grad)
         if not self.accumulate:
             return self.u
-        if self.v is None:
-            self.v = self.u.copy()  # Alg. step 4 from v = 0
-        else:
-            self.v += self.u  # Alg. step 4
+        self.v = accumulate(self.v, self.u)  # Alg. step 4: v = v + u (from v = 0)
         return self.v
 
     def update(self, acc, sent_indices) -> None:
@@ -250,18 +245,12 @@ class MomentumCorrectionMemory(Memory):
         self.v = None
 
     def state_dict(self) -> dict[str, Any]:
-        def copy(a):
-            return None if a is None else np.array(a, copy=True)
-
         return {"momentum": self.momentum, "accumulate": self.accumulate,
-                "u": copy(self.u), "v": copy(self.v)}
+                "u": saved(self.u), "v": saved(self.v)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        def load(a):
-            return None if a is None else np.array(a, dtype=np.float32, copy=True)
-
-        self.u = load(state.get("u"))
-        self.v = load(state.get("v")) if self.accumulate else None
+        self.u = restored(state.get("u"))
+        self.v = restored(state.get("v")) if self.accumulate else None
 
 
 # --------------------------------------------------------------------------
