@@ -8,6 +8,7 @@ leave the other ranks waiting when one raises).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -43,6 +44,24 @@ def mpi_run(n: int, args: list[str], *, module: bool = False, timeout: int = MPI
 
 def mpi_script(name: str) -> str:
     return str(HERE / "mpi" / name)
+
+
+#: (ranks, extra arguments) of the runs of a reference script: 1-4 ranks, and 3 with the collective checks on
+SCRIPT_RUNS = [(1, ()), (2, ()), (3, ()), (4, ()), (3, ("--check",))]
+
+
+def rank_script(name: str, ranks: int, *args: str, label: str | None = None, **kw) -> subprocess.CompletedProcess:
+    """Run tests/mpi/check_NAME.py on ``ranks`` ranks; it must report ``LABEL OK on RANKS ranks`` (LABEL: NAME)."""
+    out = mpi_run(ranks, [mpi_script(f"check_{name}.py"), *args], **kw)
+    assert f"{label or name} OK on {ranks} ranks" in out.stdout, out.stdout[-2000:]
+    return out
+
+
+def bench_step(ranks: int, tmp_path: Path, *args: str, name: str = "bench") -> dict:
+    """``mpisparse bench step --model ncf ARGS --json TMP/NAME.json`` on ``ranks`` ranks; its JSON result."""
+    path = tmp_path / f"{name}.json"
+    mpi_run(ranks, ["bench", "step", "--model", "ncf", *args, "--json", str(path)], module=True)
+    return json.loads(path.read_text())
 
 
 @pytest.fixture

@@ -1,37 +1,21 @@
-"""MPI tests of the ``cltk`` scheme (ScaleCom CLT-k) at 1-4 ranks.
+"""MPI tests of the ``cltk`` scheme (ScaleCom CLT-k) through ``bench step``.
 
-Each test is one bounded ``mpiexec`` job (see conftest.mpi_run); the rank
-script tests/mpi/check_cltk.py raises on any mismatch, which aborts its job.
+Each test is one bounded ``mpiexec`` job (see conftest.mpi_run); the NumPy
+reference at 1-4 ranks (tests/mpi/check_cltk.py) runs in tests/test_mpi_core.py.
 """
-
-import json
 
 import pytest
 
-from conftest import mpi_run, mpi_script
+from conftest import bench_step
 
 pytestmark = pytest.mark.mpi
-
-
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-def test_cltk_matches_numpy_reference(ranks):
-    out = mpi_run(ranks, [mpi_script("check_cltk.py")])
-    assert f"cltk OK on {ranks} ranks" in out.stdout
-
-
-def test_cltk_passes_with_collective_checks_on():
-    out = mpi_run(3, [mpi_script("check_cltk.py"), "--check"])
-    assert "cltk OK on 3 ranks" in out.stdout
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_cltk_bench_step_density_is_exactly_k_over_n(ranks, tmp_path):
     """On model-shaped gradients (ncf): density_actual == k/n, the leader's set is the global set."""
-    path = tmp_path / "out.json"
-    mpi_run(ranks, ["bench", "step", "--model", "ncf", "--scheme", "cltk", "--density", "0.01",
-                    "--iters", "3", "--warmup", "1", "--beta", "0.5", "--chunks", "4", "--warmup-iters", "1",
-                    "--diagnostics", "--json", str(path)], module=True)
-    res = json.loads(path.read_text())
+    res = bench_step(ranks, tmp_path, "--scheme", "cltk", "--density", "0.01", "--iters", "3", "--warmup", "1",
+                     "--beta", "0.5", "--chunks", "4", "--warmup-iters", "1", "--diagnostics")
     assert res["density_actual"] == res["k"] / res["n"]
     assert res["config"]["beta"] == 0.5 and res["config"]["chunks"] == 4
     diag = res["diagnostics"]["mean"]

@@ -1,31 +1,19 @@
-"""MPI tests of the ``dct`` scheme (DCT-DP) at 1-4 ranks (each a bounded mpiexec job)."""
+"""MPI tests of the ``dct`` scheme (DCT-DP) through ``bench step`` (each a bounded mpiexec job).
 
-import json
+The NumPy reference at 1-4 ranks (tests/mpi/check_dct.py) runs in tests/test_mpi_core.py.
+"""
 
 import pytest
 
-from conftest import mpi_run, mpi_script
+from conftest import bench_step, mpi_run
 
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-def test_dct_matches_numpy_reference(ranks):
-    out = mpi_run(ranks, [mpi_script("check_dct.py")])
-    assert f"dct OK on {ranks} ranks" in out.stdout
-
-
-def test_dct_passes_with_collective_checks_on():
-    out = mpi_run(3, [mpi_script("check_dct.py"), "--check"])
-    assert "dct OK on 3 ranks" in out.stdout
-
-
 def test_dct_bench_density_drifts_on_model_shapes(tmp_path):
     """ncf-shaped gradients, L = 2: recompute steps near the target per rank, drift in between."""
-    path = tmp_path / "dct.json"
-    mpi_run(2, ["bench", "step", "--model", "ncf", "--scheme", "dct", "--density", "0.01", "--lifespan", "2",
-                "--iters", "4", "--warmup", "0", "--diagnostics", "--json", str(path)], module=True)
-    res = json.loads(path.read_text())
+    res = bench_step(2, tmp_path, "--scheme", "dct", "--density", "0.01", "--lifespan", "2", "--iters", "4",
+                     "--warmup", "0", "--diagnostics")
     assert res["scheme"] == "dct" and res["world_size"] == 2 and res["config"]["lifespan"] == 2
     per_step = res["diagnostics"]["density_per_step"]
     recomputed = [d["tau_recomputed"] for d in res["diagnostics"]["per_step"]]

@@ -1,32 +1,20 @@
-"""MPI tests of the ``dgc`` scheme at 1-4 ranks (each a bounded mpiexec job)."""
+"""MPI tests of the ``dgc`` scheme through ``bench step`` (each a bounded mpiexec job).
 
-import json
+The NumPy reference at 1-4 ranks (tests/mpi/check_dgc.py) runs in tests/test_mpi_core.py.
+"""
 
 import pytest
 
-from conftest import mpi_run, mpi_script
+from conftest import bench_step, mpi_run
 
 pytestmark = pytest.mark.mpi
-
-
-@pytest.mark.parametrize("ranks", [1, 2, 3, 4])
-def test_dgc_matches_numpy_reference(ranks):
-    out = mpi_run(ranks, [mpi_script("check_dgc.py")])
-    assert f"dgc OK on {ranks} ranks" in out.stdout
-
-
-def test_dgc_passes_with_collective_checks_on():
-    out = mpi_run(3, [mpi_script("check_dgc.py"), "--check"])
-    assert "dgc OK on 3 ranks" in out.stdout
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_dgc_bench_density_on_model_shapes(ranks, tmp_path):
     """density_actual on ncf-shaped gradients: DGC's band at W = 1, build-up above it at W > 1."""
-    path = tmp_path / "dgc.json"
-    mpi_run(ranks, ["bench", "step", "--model", "ncf", "--scheme", "dgc", "--density", "0.01",
-                    "--iters", "3", "--warmup", "1", "--diagnostics", "--json", str(path)], module=True)
-    res = json.loads(path.read_text())
+    res = bench_step(ranks, tmp_path, "--scheme", "dgc", "--density", "0.01", "--iters", "3", "--warmup", "1",
+                     "--diagnostics")
     d = res["density_actual"]
     assert res["scheme"] == "dgc" and res["world_size"] == ranks
     assert res["config"]["momentum"] == 0.9 and res["config"]["sample_fraction"] == 0.01

@@ -12,23 +12,17 @@ reference's.  Any mismatch raises, which aborts the job.
 import sys
 
 import numpy as np
+from _common import RankWorld, close
 
 import mpisparse.schemes.cltk as cltk_mod
-from mpisparse.comm import Communicator
-from mpisparse.fusion import FusionLayout
-from mpisparse.gradgen import SyntheticGradients
 from mpisparse.schemes import create, k_for
 
-LAYERS = [("a.weight", (50, 20)), ("a.bias", (20,)), ("b.weight", (300,)), ("c.weight", (7, 7)), ("d", (3,))]
 STEPS = 7
 DENSITY = 0.05
 
-comm = Communicator(check="--check" in sys.argv)
-W, rank = comm.size, comm.rank
-layout = FusionLayout(LAYERS)
-n = layout.n
+world = RankWorld(steps=STEPS, seed=11)
+comm, W, rank, layout, n, grads = world
 k = k_for(DENSITY, n)
-grads = [[SyntheticGradients(layout, r, seed=11).fill(layout.empty(), t) for r in range(W)] for t in range(STEPS)]
 
 # count the selections each rank runs inside step() (only the leader may select)
 _select_calls = []
@@ -98,14 +92,6 @@ def reference(beta, chunks, warmup, memory=True, density=DENSITY, steps=STEPS):
     return res
 
 
-def bcast_bytes(nbytes, root):
-    return nbytes if W > 1 and (rank - root) % W < W - 1 else 0
-
-
-def close(a, b, what, rtol=2e-5):
-    np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-9, err_msg=what)
-
-
 def check(beta, chunks, warmup, memory=True, density=DENSITY, diagnostics=True, sch=None, start=0):
     what = f"cltk(beta={beta}, chunks={chunks}, warmup={warmup}, memory={memory}, density={density})"
     ref = reference(beta, chunks, warmup, memory, density)
@@ -121,12 +107,11 @@ def check(beta, chunks, warmup, memory=True, density=DENSITY, diagnostics=True, 
         nbytes = comm.bytes_sent - b0
         selects = len(_select_calls)
         outs.append(out.astype(np.float64))
-        everyone = comm.allgather_obj(out.tobytes())
-        assert all(e == everyone[0] for e in everyone), f"{what}: ranks hold different aggregates at step {t}"
+        world.same_everywhere(out.tobytes(), f"{what}: aggregate at step {t}")
         close(out, ref["out"][t], f"{what}: aggregate at step {t}")
         if ref["leader"][t] is None:  # warm-up: dense
             assert sch.leader is None and selects == 0, (what, t, sch.leader, selects)
-            assert nbytes == 2 * (W - 1) * n * 4 // W, (what, "warm-up bytes", t, nbytes)
+            assert nbytes == world.ring_allreduce(n * 4), (what, "warm-up bytes", t, nbytes)
             assert sch.selected_global() == n
         else:
             L = ref["leader"][t]
@@ -136,7 +121,7 @@ def check(beta, chunks, warmup, memory=True, density=DENSITY, diagnostics=True, 
             assert got.size == kk and np.unique(got).size == kk, (what, "exactly k distinct", t)
             np.testing.assert_array_equal(got, ref["idx"][t], err_msg=f"{what}: index set at step {t}")
             assert sch.last_indices.dtype == np.int32
-            want = bcast_bytes(kk * 4, L) + 2 * (W - 1) * kk * 4 // W
+            want = world.chain_bcast(kk * 4, L) + world.ring_allreduce(kk * 4)
             assert nbytes == want, (what, "bytes", t, nbytes, want)
             assert sch.selected_global() == kk  # density_actual = k / n exactly: no build-up
         if diagnostics:
@@ -150,8 +135,7 @@ def check(beta, chunks, warmup, memory=True, density=DENSITY, diagnostics=True, 
                 print(what, t, {k_: round(v, 4) for k_, v in d.items()})
             if W == 1:
                 assert d["hamming_to_true_topk"] == 0.0 and d["memory_cosine_distance"] < 1e-9
-            same = comm.allgather_obj(d)
-            assert all(s == same[0] for s in same), (what, "diagnostics differ across ranks", same)
+            world.same_everywhere(d, f"{what}: diagnostics")
     if memory:
         close(sch.memory.residual, ref["memory"][rank], f"{what}: memory after {STEPS} steps", rtol=1e-4)
     return sch, ref
@@ -169,16 +153,14 @@ check(0.3, 5, warmup=1)
 # beta = 1 is plain error feedback: mass is conserved (W sum_t out_t + sum_r m_r == sum g)
 sch = create("cltk", comm, layout, DENSITY, chunks=3, seed=3)
 outs = [sch.step(grads[t][rank].copy()).astype(np.float64) for t in range(STEPS)]
-mem_total = np.sum(comm.allgather_obj(sch.memory.residual.astype(np.float64)), axis=0)
-dense_total = np.sum([g for step in grads for g in step], axis=0, dtype=np.float64)
-close(W * np.sum(outs, axis=0) + mem_total, dense_total, "cltk beta=1 does not conserve mass")
+world.conserves_mass(outs, sch.memory.residual, "cltk beta=1")
 
 # density 1 equals dense (beta < 1 and chunks too: everything is sent, memory stays 0)
 for opts in ({}, {"beta": 0.5, "chunks": 3}, {"beta": 0.2, "chunks": 4, "warmup_iters": 2}):
     sch = create("cltk", comm, layout, 1.0, **opts)
     for t in range(STEPS):
         out = sch.step(grads[t][rank].copy())
-        close(out, np.mean(grads[t], axis=0, dtype=np.float64), f"cltk {opts} at density 1 != dense, step {t}")
+        close(out, world.dense(t), f"cltk {opts} at density 1 != dense, step {t}")
         assert sch.selected_global() == n
 
 # no memory: nothing is remembered
@@ -204,5 +186,4 @@ for bad, msg in (({"beta": 0.0}, "--beta"), ({"beta": 1.5}, "--beta"), ({"chunks
     else:
         raise AssertionError(f"cltk accepted {bad}")
 
-if rank == 0:
-    print(f"cltk OK on {W} ranks")
+world.done("cltk")

@@ -1,15 +1,9 @@
 """Run on W ranks: the communicator's collectives, byte counts and checks."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
+from _common import FakeDeviceArray, recorded_syncs
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fakedevice import FakeDeviceArray  # noqa: E402
-
-from mpisparse import backend  # noqa: E402
-from mpisparse.comm import CollectiveMismatch, Communicator, UnsupportedDtype  # noqa: E402
+from mpisparse.comm import CollectiveMismatch, Communicator, UnsupportedDtype
 
 comm = Communicator()
 W, rank = comm.size, comm.rank
@@ -118,10 +112,7 @@ if W > 1:
 checked.allreduce(np.zeros(10, np.float32))  # agreeing calls still work
 
 # device buffers: stream synchronised first; staged through host or handed over ---------
-syncs = []
-real_sync = backend.synchronize
-backend.synchronize = lambda x: syncs.append(x)
-try:
+with recorded_syncs() as syncs:
     for aware in (False, True):
         c = Communicator(cuda_aware=aware)
         d = FakeDeviceArray(np.full(6, rank + 1, np.float32))
@@ -135,8 +126,6 @@ try:
         g = FakeDeviceArray(np.arange(rank + 1, dtype=np.float32))
         r, cnt = c.allgatherv(g)
         assert r.size == W * (W + 1) // 2
-finally:
-    backend.synchronize = real_sync
 
 if rank == 0:
     print(f"comm OK on {W} ranks")

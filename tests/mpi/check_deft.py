@@ -13,13 +13,9 @@ Alg. 2-4 (tested against the boxes in tests/test_layer_partition.py), its argsor
 reference ``layerwise_topk`` for Alg. 5, and plain NumPy for the rest.
 """
 
-import sys
-
 import numpy as np
+from _common import RankWorld, close
 
-from mpisparse.comm import Communicator
-from mpisparse.fusion import FusionLayout
-from mpisparse.gradgen import SyntheticGradients
 from mpisparse.layer_partition import assign_local_k, bin_pack, encode_bins, layerwise_topk, two_stage_partition
 from mpisparse.schemes import create, k_for
 
@@ -29,11 +25,8 @@ LAYERS = [("a.weight", (40, 25)), ("a.bias", (25,)), ("b.weight", (300,)), ("b.b
 STEPS = 6
 DENSITY = 0.05
 
-comm = Communicator(check="--check" in sys.argv)
-W, rank = comm.size, comm.rank
-layout = FusionLayout(LAYERS)
-n = layout.n
-grads = [[SyntheticGradients(layout, r, seed=7).fill(layout.empty(), t) for r in range(W)] for t in range(STEPS)]
+world = RankWorld(LAYERS, STEPS, seed=7)
+comm, W, rank, layout, n, grads = world
 
 # Alg. 2 by hand for this layout: n = 2129; a.weight (1000) is split when 1000 > 2129 / W
 SPANS = {1: 10, 2: 10, 3: 12, 4: 13}
@@ -41,10 +34,6 @@ layers = two_stage_partition([s.size for s in layout.layers], W)
 if W in SPANS:
     assert len(layers) == SPANS[W], (W, len(layers))
 sizes = [layer.size for layer in layers]
-
-
-def close(a, b, what):
-    np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-9, err_msg=what)
 
 
 def norms_of(acc):
@@ -85,29 +74,16 @@ def reference(density, memory=True, steps=STEPS):
 
 def run(density, **kw):
     sch = create("deft", comm, layout, density, seed=3, **kw)
-    outs, step_bytes, states = [], [], []
-    for t in range(STEPS):
-        b0 = comm.bytes_sent
-        out = sch.step(grads[t][rank].copy())
-        step_bytes.append(comm.bytes_sent - b0)
-        outs.append(out.astype(np.float64))
-        everyone = comm.allgather_obj(out.tobytes())
-        assert all(e == everyone[0] for e in everyone), f"deft: ranks hold different aggregates at step {t}"
-        states.append({"leader": sch.last_leader, "bins": sch.last_bins.copy(),
-                       "own": np.sort(np.asarray(sch.last_own_indices)),
-                       "selected": sch.selected_global()})
+    outs, step_bytes, states = world.run(sch, "deft", observe=lambda s: {
+        "leader": s.last_leader, "bins": s.last_bins.copy(), "own": np.sort(np.asarray(s.last_own_indices)),
+        "selected": s.selected_global()})
     return sch, outs, step_bytes, states
-
-
-def ring_allgather(counts, itemsize):
-    return 0 if W == 1 else (sum(counts) - counts[(rank + 1) % W]) * itemsize
 
 
 def expected_bytes(rec_t, t):
     counts = [len(o) for o in rec_t["own"]]
-    bcast = 4 * len(layers) if (rank - t % W) % W < W - 1 else 0
-    return (bcast + ring_allgather([1] * W, 8) + ring_allgather(counts, 4)
-            + 2 * (W - 1) * 4 * len(rec_t["union"]) // W)
+    return (world.chain_bcast(4 * len(layers), t % W) + world.ring_allgather([1] * W, 8)
+            + world.ring_allgather(counts, 4) + world.ring_allreduce(4 * len(rec_t["union"])))
 
 
 # DEFT against the reference ---------------------------------------------
@@ -135,9 +111,7 @@ if W > 1:
 np.testing.assert_array_equal(sch.memory.residual, ref_resid[rank])
 
 # mass conservation: W * sum_t out_t + sum_r e_r == sum of all gradients
-total_resid = np.sum(comm.allgather_obj(sch.memory.residual.astype(np.float64)), axis=0)
-close(W * np.sum(outs, axis=0) + total_resid, np.sum([g for s in grads for g in s], axis=0, dtype=np.float64),
-      "deft: error feedback does not conserve mass")
+world.conserves_mass(outs, sch.memory.residual, "deft")
 
 # diagnostics -------------------------------------------------------------
 d = sch.diagnostics()
@@ -160,7 +134,7 @@ for g in extra:
 # density 1 equals dense ----------------------------------------------------
 _, outs1, _, states1 = run(1.0)
 for t in range(STEPS):
-    close(outs1[t], np.mean(grads[t], axis=0, dtype=np.float64), f"deft at density 1 != dense, step {t}")
+    close(outs1[t], world.dense(t), f"deft at density 1 != dense, step {t}")
     assert states1[t]["selected"] == n
 
 # no memory: nothing is remembered ------------------------------------------
@@ -170,5 +144,4 @@ for t in range(STEPS):
     close(outs[t], ref_nm[t]["out"], f"deft without memory, step {t}")
 assert sch.memory.state_dict() == {}
 
-if rank == 0:
-    print(f"deft OK on {W} ranks")
+world.done("deft")

@@ -11,35 +11,18 @@ and it holds the largest ``|v|``.  Any mismatch raises, which aborts the job.
 
 import copy
 import math
-import sys
-
 import numpy as np
+from _common import SMALL_LAYERS, RankWorld, close
 
-from mpisparse.comm import Communicator
-from mpisparse.fusion import FusionLayout
-from mpisparse.gradgen import SyntheticGradients
 from mpisparse.schemes import create, k_for
 from mpisparse.schemes.dgc import dgc_select
 
-LAYERS = [("a.weight", (50, 20)), ("a.bias", (20,)), ("b.weight", (300,)), ("c.weight", (7, 7)), ("d", (3,)),
-          ("e.weight", (64, 64))]
 STEPS = 5
 DENSITY = 0.02
 SEED = 3
 
-comm = Communicator(check="--check" in sys.argv)
-W, rank = comm.size, comm.rank
-layout = FusionLayout(LAYERS)
-n = layout.n
-grads = [[SyntheticGradients(layout, r, seed=7).fill(layout.empty(), t) for r in range(W)] for t in range(STEPS)]
-
-
-def close(a, b, what):
-    np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-9, err_msg=what)
-
-
-def ring_allgather(counts, itemsize):
-    return 0 if W == 1 else (sum(counts) - counts[(rank + 1) % W]) * itemsize
+world = RankWorld(SMALL_LAYERS + [("e.weight", (64, 64))], STEPS, seed=7)
+comm, W, rank, layout, n, grads = world
 
 
 def ref_density(t, target, warmup_iters):
@@ -94,17 +77,8 @@ def reference(density=DENSITY, momentum=0.9, sample_fraction=0.01, clip_norm=0.0
 def run(density=DENSITY, steps=STEPS, sch=None, start=0, **opts):
     if sch is None:
         sch = create("dgc", comm, layout, density, seed=SEED, **opts)
-    outs, step_bytes, selected = [], [], []
-    for t in range(start, start + steps):
-        g = grads[t][rank].copy()
-        b0 = comm.bytes_sent
-        out = sch.step(g)
-        step_bytes.append(comm.bytes_sent - b0)
-        assert np.array_equal(g, grads[t][rank]), "dgc wrote into the caller's gradient"
-        outs.append(out.astype(np.float64))
-        selected.append(sch.selected_global())
-        everyone = comm.allgather_obj(out.tobytes())
-        assert all(e == everyone[0] for e in everyone), f"dgc: ranks hold different aggregates at step {t}"
+    outs, step_bytes, selected = world.run(sch, "dgc", range(start, start + steps),
+                                           observe=lambda s: s.selected_global(), keeps_input=True)
     return sch, outs, step_bytes, selected
 
 
@@ -113,7 +87,7 @@ def check_against_reference(what, ref_kw, run_kw):
     sch, outs, nbytes, selected = run(**run_kw)
     for t in range(STEPS):
         close(outs[t], ref_outs[t], f"{what}: step {t}")
-        want = 2 * ring_allgather(ref_counts[t], 4) + ring_allgather([1] * W, 8)
+        want = world.sparse_allgather(ref_counts[t])
         assert nbytes[t] == want, (what, "bytes", t, nbytes[t], want)
         # gradient build-up: the union of the ranks' sets
         assert max(ref_counts[t]) <= selected[t] <= sum(ref_counts[t]), (what, selected[t], ref_counts[t])
@@ -160,14 +134,12 @@ for t in range(STEPS):
 
 # momentum 0: error feedback conserves mass --------------------------------
 sch, outs, _, _ = run(momentum=0.0)
-total_v = np.sum(comm.allgather_obj(sch.memory.v.astype(np.float64)), axis=0)
-rhs = np.sum([g for step in grads for g in step], axis=0, dtype=np.float64)
-close(W * np.sum(outs, axis=0) + total_v, rhs, "dgc(momentum 0) does not conserve mass")
+world.conserves_mass(outs, sch.memory.v, "dgc(momentum 0)")
 
 # density 1: everything sent and masked every step, so the mean gradient ---
 _, outs, nbytes, selected = run(density=1.0, momentum=0.9)
 for t in range(STEPS):
-    close(outs[t], np.mean(grads[t], axis=0, dtype=np.float64), f"dgc at density 1 != dense at step {t}")
+    close(outs[t], world.dense(t), f"dgc at density 1 != dense at step {t}")
     assert selected[t] == n
 
 # checkpoint: 2 steps, save, load into a fresh scheme, 3 more steps --------
@@ -190,4 +162,4 @@ else:
 
 if rank == 0:
     print(f"dgc density_actual {density_actual:.5f} (target {DENSITY}) on {W} ranks")
-    print(f"dgc OK on {W} ranks")
+world.done("dgc")

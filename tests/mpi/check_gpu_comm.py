@@ -8,17 +8,13 @@ and, when the probe says the MPI is CUDA-aware, handed over directly.
 
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
+from _common import FakeDeviceArray, recorded_syncs
+from mpi4py import MPI  # the test drives decide_cuda_aware_how with a raw communicator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fakedevice import FakeDeviceArray  # noqa: E402
-
-from mpi4py import MPI  # noqa: E402  (the test drives decide_cuda_aware_how with a raw communicator)
-
-from mpisparse import backend, device  # noqa: E402
-from mpisparse.comm import Communicator, decide_cuda_aware_how  # noqa: E402
+from mpisparse import device
+from mpisparse.comm import Communicator, decide_cuda_aware_how
 
 comm = Communicator(cuda_aware=False)
 W, rank = comm.size, comm.rank
@@ -72,10 +68,7 @@ if "--cupy" in sys.argv:
     sys.exit(0)
 
 # 1. the stream is synchronised before every MPI call on a device buffer -------------------
-syncs = []
-real_sync = backend.synchronize
-backend.synchronize = lambda x: syncs.append(x)
-try:
+with recorded_syncs() as syncs:
     for aware in (False, True):
         c = Communicator(cuda_aware=aware)
         d = FakeDeviceArray(np.full(5, rank, np.float32))
@@ -96,8 +89,6 @@ try:
         recv, rc = c.alltoallv(FakeDeviceArray(np.arange(W, dtype=np.int32) + 10 * rank), counts)
         assert len(syncs) >= 1, ("alltoallv", aware)
         np.testing.assert_array_equal(recv, np.arange(W) * 10 + rank)
-finally:
-    backend.synchronize = real_sync
 
 # 2. staging buffers are reused across calls, also when sizes vary ----------------------------
 c = Communicator(cuda_aware=False)

@@ -9,28 +9,19 @@ gradients whose merges tie in magnitude, so the tie rule (smaller index
 first) and the merge order are checked exactly.
 """
 
-import sys
-
 import numpy as np
+from _common import RankWorld, close
 
-from mpisparse.comm import Communicator
-from mpisparse.fusion import FusionLayout
-from mpisparse.gradgen import SyntheticGradients
 from mpisparse.schemes import create, k_for
 
-LAYERS = [("a.weight", (50, 20)), ("a.bias", (20,)), ("b.weight", (300,)), ("c.weight", (7, 7)), ("d", (3,))]
 STEPS = 4
 DENSITY = 0.05
 
-comm = Communicator(check="--check" in sys.argv)
-W, rank = comm.size, comm.rank
-layout = FusionLayout(LAYERS)
-n = layout.n
+world = RankWorld(steps=STEPS, seed=7)
+comm, W, rank, layout, n, synthetic = world
 P = 1
 while 2 * P <= W:
     P *= 2
-synthetic = [[SyntheticGradients(layout, r, seed=7).fill(layout.empty(), t) for r in range(W)]
-             for t in range(STEPS)]
 
 
 def integer_grads(t, k):
@@ -106,22 +97,15 @@ def expected_bytes(k):
     return rounds * (payload + 16) + (payload if rank + P < W else 0)
 
 
+def same_global_set(sch):
+    world.same_everywhere(sch.global_indices.tobytes(), "gtopk: global set")
+    assert sch.selected_global() == sch.k
+
+
 def run(grads, density, **kw):
     sch = create("gtopk", comm, layout, density, seed=3, **kw)
-    outs, nbytes = [], []
-    for t in range(len(grads)):
-        b0 = comm.bytes_sent
-        out = sch.step(grads[t][rank].copy())
-        nbytes.append(comm.bytes_sent - b0)
-        outs.append(out.astype(np.float64))
-        everyone = comm.allgather_obj((out.tobytes(), sch.global_indices.tobytes()))
-        assert all(e == everyone[0] for e in everyone), f"gtopk: ranks hold different results at step {t}"
-        assert sch.selected_global() == sch.k
+    outs, nbytes, _ = world.run(sch, "gtopk", grads=grads, observe=same_global_set)
     return sch, outs, nbytes
-
-
-def close(a, b, what):
-    np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-9, err_msg=what)
 
 
 # synthetic gradients, with error feedback -----------------------------------
@@ -134,9 +118,7 @@ for t in range(STEPS):
     assert nbytes[t] == expected_bytes(k), ("gtopk bytes", t, nbytes[t], expected_bytes(k))
 np.testing.assert_array_equal(sch.memory.residual, ref_resid[rank], "gtopk residual")
 # W sum(out) + sum(e) = sum(g) - lost (pruned contributions of selected indices)
-total_resid = np.sum([r.astype(np.float64) for r in comm.allgather_obj(sch.memory.residual)], axis=0)
-lhs = W * np.sum(outs, axis=0) + total_resid
-rhs = np.sum([g for step in synthetic for g in step], axis=0, dtype=np.float64)
+lhs, rhs = world.mass_balance(outs, sch.memory.residual)
 np.testing.assert_allclose(rhs - lhs, lost, rtol=1e-4, atol=1e-7 * float(np.abs(rhs).max()),
                            err_msg="gtopk: mass balance with the pruned contributions")
 if W >= 3:
@@ -156,7 +138,7 @@ assert sch.memory.state_dict() == {}
 # density 1 equals dense --------------------------------------------------------
 sch, outs, nbytes = run(synthetic, 1.0)
 for t in range(STEPS):
-    close(outs[t], np.mean(synthetic[t], axis=0, dtype=np.float64), f"gtopk at density 1 != dense, step {t}")
+    close(outs[t], world.dense(t), f"gtopk at density 1 != dense, step {t}")
     assert nbytes[t] == expected_bytes(n)
 assert not np.any(sch.memory.residual)
 
@@ -166,5 +148,4 @@ sch.step(synthetic[0][rank].copy())
 diag = sch.diagnostics()
 assert 0.0 < diag["local_in_global"] <= 1.0 and "error_norm" in diag
 
-if rank == 0:
-    print(f"gtopk OK on {W} ranks (pruned-and-lost entries: {np.count_nonzero(lost)})")
+world.done("gtopk", f" (pruned-and-lost entries: {np.count_nonzero(lost)})")
