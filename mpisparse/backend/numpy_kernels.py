@@ -1,8 +1,8 @@
 """CPU (NumPy) selection kernels.
 
 All kernels take a 1-D floating-point array ``x`` (float32 usually), never
-write into it, and return indices as ``int32`` while ``x.size < 2**31``
-(``int64`` beyond).  ``scratch``, where accepted, is an optional
+write into it, and return indices of :func:`mpisparse.backend.index_dtype`
+(``int32`` while ``x.size < 2**31``, ``int64`` beyond).  ``scratch``, where accepted, is an optional
 preallocated float array of ``x``'s dtype (``x``'s size is always enough)
 that the kernel may overwrite, so that a training loop allocates nothing
 large per call.

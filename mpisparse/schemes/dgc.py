@@ -136,7 +136,7 @@ def adjust_rule(count: int, k: int) -> str:
 class Selection:
     """What one rank selects in one step."""
 
-    indices: Any  # int32 (int64 beyond 2**31) indices into v
+    indices: Any  # indices into v, of backend.index_dtype(v.size)
     threshold: float  # last threshold tried (0 when everything is sent)
     candidates: int  # entries |v| >= threshold at that threshold
     lowerings: int  # threshold lowerings done
