@@ -60,15 +60,13 @@ memory, ties taken in index order), see ``cuda/rowwise.cu``.
 Helpers for the sparse exchanges (no NumPy counterpart in the kernel API):
 :func:`scatter_sum` (the contract of :func:`mpisparse.schemes.base.scatter_sum`,
 block by block without atomics, so the float sums equal NumPy's),
-:func:`scatter_add` (atomic, duplicates allowed), :func:`gather_clear` (take
-the sent values out of an error-feedback memory in one pass) and
-:func:`copy_bandwidth` (the yardstick of ``bench select --backend cupy``).
+:func:`scatter_add` (atomic, duplicates allowed) and :func:`gather_clear`
+(take the sent values out of an error-feedback memory in one pass).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from importlib import resources
 
 import numpy as np
@@ -87,7 +85,6 @@ __all__ = [
     "scatter_sum",
     "scatter_add",
     "gather_clear",
-    "copy_bandwidth",
     "available",
     "KERNEL_SOURCES",
 ]
@@ -354,12 +351,7 @@ def _radix_topk(w, k: int, idt):
 def _sampled_topk(w, k: int, idt, rng):
     cp = _cupy()
     n = w.shape[0]
-    # Sample sizing exactly as the NumPy kernel (numpy_kernels.topk_abs).
-    m = int(math.ceil(_nk._SAMPLE_HITS * n / k))
-    m = max(_nk._SAMPLE_MIN, min(_nk._SAMPLE_MAX, m))
-    m = max(1, min(m, n // 8))
-    lam = m * k / n
-    r = max(1, int(math.ceil(lam + _nk._MARGIN_SIGMAS * math.sqrt(lam) + _nk._MARGIN_EXTRA)))
+    m, r = _nk.sample_plan(n, k)  # the NumPy kernel's sample sizing
     tn, inn, kdt = _tn(w.dtype), _in(idt), _key_dtype(w.dtype)
     seed = np.uint64(int(rng.integers(0, 2**63)))
     samp = cp.empty(m, dtype=kdt)
@@ -383,7 +375,7 @@ def _sampled_topk(w, k: int, idt, rng):
             rx = _Radix(w.dtype, idt)
             rx.resolve(out, 0, cand_key[:c], cand_idx[:c], c, k, rx.shifts)
             return out
-        r = int(math.ceil(r * 2.0 * k / max(c, 1))) + 16  # too few: lower the threshold
+        r = _nk.lowered_rank(r, k, c)  # too few: lower the threshold
     return _radix_topk(w, k, idt)
 
 
@@ -547,26 +539,3 @@ def gather_clear(acc, indices):
             _grid(idx.size), (BLOCK,), (acc, idx, vals, np.int64(idx.size)))
     return vals
 
-
-def copy_bandwidth(nbytes: int = 1 << 28, repeats: int = 10) -> dict:
-    """Measured device-to-device copy bandwidth (best of ``repeats``, CUDA events).
-
-    Returns ``bytes_per_s`` counting read + write (``2 nbytes / t``) and
-    ``read_seconds_per_byte`` (``t / (2 nbytes)``): one read of a buffer of
-    ``B`` bytes at this bandwidth takes ``B * read_seconds_per_byte``.
-    """
-    cp = _cupy()
-    src = cp.ones(nbytes // 4, dtype=np.float32)
-    dst = cp.empty_like(src)
-    dst[...] = src  # warm-up
-    best = math.inf
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(repeats):
-        start.record()
-        dst[...] = src
-        stop.record()
-        stop.synchronize()
-        best = min(best, cp.cuda.get_elapsed_time(start, stop) / 1e3)
-    moved = 2 * src.nbytes
-    return {"nbytes": int(src.nbytes), "seconds": best, "bytes_per_s": moved / best,
-            "read_seconds_per_byte": best / moved, "measured_at": time.time()}

@@ -91,6 +91,31 @@ def kth_largest(a: np.ndarray, k: int):
     return np.partition(a, m - k)[m - k]
 
 
+def sample_plan(n: int, k: int) -> tuple[int, int]:
+    """``(m, r)`` of a sampled top-k: draw ``m`` entries, start at the ``r``-th largest sampled ``|x|``.
+
+    ``m`` aims at ``_SAMPLE_HITS`` sampled top-k elements, within
+    ``[_SAMPLE_MIN, _SAMPLE_MAX]`` and never above ``n / 8``; ``r`` is the
+    expected number of sampled top-k elements plus a safety margin, so the
+    first threshold usually lies just below the k-th largest magnitude.
+    Shared by the NumPy and CuPy kernels.
+    """
+    m = int(math.ceil(_SAMPLE_HITS * n / k))
+    m = max(_SAMPLE_MIN, min(_SAMPLE_MAX, m))
+    m = max(1, min(m, n // 8))
+    lam = m * k / n  # expected number of sampled top-k elements
+    return m, max(1, int(math.ceil(lam + _MARGIN_SIGMAS * math.sqrt(lam) + _MARGIN_EXTRA)))
+
+
+def lowered_rank(r: int, k: int, found: int) -> int:
+    """The next sample rank after a threshold that found only ``found < k`` candidates.
+
+    The threshold was above the k-th magnitude: scale the rank by the
+    observed shortfall, with room to spare.
+    """
+    return int(math.ceil(r * 2.0 * k / max(found, 1))) + 16
+
+
 def _as_1d_float(x, xp=np):
     """``x`` as a 1-D real float array of the array module ``xp`` (integers widened to float64)."""
     x = xp.asarray(x)
@@ -233,13 +258,9 @@ def topk_abs(x, k, *, scratch=None, rng=None) -> np.ndarray:
         return _full_topk(x, k, scratch, idt)
 
     rng = _get_rng(rng)
-    m = int(math.ceil(_SAMPLE_HITS * n / k))
-    m = max(_SAMPLE_MIN, min(_SAMPLE_MAX, m))
-    m = max(1, min(m, n // 8))
+    m, r = sample_plan(n, k)
     samp = x[rng.integers(0, n, size=m)]
     np.abs(samp, out=samp)
-    lam = m * k / n  # expected number of sampled top-k elements
-    r = max(1, int(math.ceil(lam + _MARGIN_SIGMAS * math.sqrt(lam) + _MARGIN_EXTRA)))
 
     fbuf = _chunk_buffer(x, scratch, min(n, CHUNK))
     for _ in range(MAX_RETRIES):
@@ -257,9 +278,7 @@ def topk_abs(x, k, *, scratch=None, rng=None) -> np.ndarray:
             np.abs(vals, out=vals)
             sel = np.argpartition(vals, c - k)[c - k :]
             return cand[sel].astype(idt, copy=False)
-        # Too few candidates: the threshold was above the k-th magnitude.
-        # Scale the rank by the observed shortfall, with room to spare.
-        r = int(math.ceil(r * 2.0 * k / max(c, 1))) + 16
+        r = lowered_rank(r, k, c)  # too few candidates: lower the threshold
     return _full_topk(x, k, scratch, idt)
 
 
