@@ -161,7 +161,7 @@ def test_a_rank_that_raises_ends_the_job_without_mpi4py_run():
     t0 = time.time()
     p = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, str(HERE / "mpi" / "raise_on_rank.py"), "0"],
                        capture_output=True, text=True, timeout=90, cwd=HERE.parent,
-                       env=dict(os.environ, MPIEXEC_TIMEOUT="60"))
+                       env=dict(os.environ, MPIEXEC_TIMEOUT="60", PYTHONPATH=str(HERE.parent)))
     assert p.returncode != 0
     assert "error on rank 0: RuntimeError: injected failure on rank 0" in p.stderr
     assert time.time() - t0 < 30
