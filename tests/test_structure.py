@@ -150,3 +150,41 @@ def test_only_runtimes_compares_runtime_names():
                     if isinstance(side, ast.Attribute) and side.attr == "runtime":
                         offenders.append(f"{module}:{node.lineno}: compares .runtime")
     assert not offenders, offenders
+
+
+def _compared_names(source: str):
+    """``(line, dotted name)`` of each operand of ``==``/``!=`` in the code (strings and comments left out)."""
+    import io
+    import keyword
+    import tokenize
+
+    def operand(tok) -> bool:
+        return (tok.type == tokenize.NAME and not keyword.iskeyword(tok.string)) or tok.string == "."
+
+    toks = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type in (tokenize.NAME, tokenize.OP, tokenize.NUMBER)]
+    for i, t in enumerate(toks):
+        if t.string not in ("==", "!="):
+            continue
+        j = i + 1
+        while j < len(toks) and operand(toks[j]):
+            j += 1
+        k = i - 1
+        while k >= 0 and operand(toks[k]):
+            k -= 1
+        for side in (toks[i + 1:j], toks[k + 1:i]):
+            if side:
+                yield t.start[0], "".join(x.string for x in side)
+
+
+def test_compared_names_finds_both_sides():
+    found = [n for _, n in _compared_names('if "mp" == cls.runtime and a.b != 3:\n    pass\n')]
+    assert found == ["cls.runtime", "a.b"]
+
+
+def test_no_family_or_runtime_comparison_in_the_code_outside_runtimes():
+    """The same, by reading the code's tokens (strings and comments left out): no ``x.runtime ==``, ``family !=``."""
+    offenders = [f"{module}:{line}: {name}" for module, path in MODULES.items() if module != "mpisparse.runtimes"
+                 for line, name in _compared_names(path.read_text())
+                 if name.rpartition(".")[2] in ("family", "runtime")]
+    assert not offenders, offenders
