@@ -10,17 +10,12 @@ from typing import Any, Sequence
 
 import click
 
-from ..launch import env_rank, relaunch, under_mpi_launcher
+from ..launch import relaunch, under_mpi_launcher
 
-__all__ = ["ARGV", "agree_on_config", "maybe_relaunch", "open_comm", "rank0_echo"]
+__all__ = ["ARGV", "agree_on_config", "maybe_relaunch", "open_comm"]
 
 #: the command line this process was started with (re-used by -n)
 ARGV: list[str] = []
-
-
-def rank0_echo(msg: str = "", err: bool = False) -> None:
-    if env_rank() == 0:
-        click.echo(msg, err=err)
 
 
 def maybe_relaunch(nprocs: int | None, timeout: int | None) -> bool:
