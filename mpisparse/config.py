@@ -4,14 +4,67 @@ A front end (the CLI, or a library caller) builds one of these per scheme
 it runs; the runtimes read them and nothing else.  ``TrainConfig`` is what
 ``mpisparse train`` runs, ``BenchConfig`` what ``mpisparse bench step``
 runs, ``MPConfig`` the pipeline part of a model-parallel training run.
+
+Each has one ``validate(world)`` that checks every field once (ranges,
+finite numbers, the scheme and its options, model and data) and then the
+runtime's own checks (:mod:`mpisparse.runtimes`: parameter-server options,
+pipeline options); it raises ValueError with one line naming the value and
+the allowed range.  :func:`check_agreement` compares whole configurations
+across ranks at start-up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
 
-__all__ = ["BenchConfig", "MPConfig", "TrainConfig"]
+from .registry import SchemeBase, scheme_class, validate_density
+
+__all__ = ["BenchConfig", "ConfigMismatch", "DATASETS", "MPConfig", "PER_RANK_FIELDS", "TRAIN_MODELS",
+           "TrainConfig", "check_agreement"]
+
+#: the networks ``train`` builds (:data:`mpisparse.models.nets.NETS`) and the datasets it reads
+#: (:data:`mpisparse.data.DATASETS`), named here so that checking a configuration needs no torch
+TRAIN_MODELS = ("mlp", "cnn", "resnet18", "lstm", "dlrm")
+DATASETS = ("digits", "synthetic", "cifar10", "text")
+
+
+# --------------------------------------------------------------------------- field checks
+def _int(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} is {value!r}; allowed range is an integer >= {low}")
+
+
+def _number(name: str, value: Any, low: float, high: float = math.inf, *, low_open: bool = False,
+            high_open: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
+    if not ok:
+        rng = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
+        raise ValueError(f"{name} is {value!r}; allowed range is {rng}")
+
+
+def _choice(name: str, value: Any, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} is {value!r}; allowed values are {', '.join(allowed)}")
+
+
+def _bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} is {value!r}; allowed values are True, False")
+
+
+def _scheme(name: str, flag: str = "--scheme") -> type[SchemeBase]:
+    try:
+        return scheme_class(name)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}") from None
+
+
+def _world(cls: type[SchemeBase], world: int | None) -> None:
+    if world is not None and world < cls.min_world_size:
+        raise ValueError(f"scheme {cls.name!r} needs at least {cls.min_world_size} ranks; -n is {world}")
 
 
 @dataclass
@@ -28,6 +81,19 @@ class MPConfig:
     dp_scheme: str = "dense"
     dp_density: float | None = None
     dp_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> MPConfig:
+        """Check every field; fills the ``--dp-scheme``'s option defaults into ``dp_options``; returns ``self``."""
+        _int("--mp-stages", self.stages, 1)
+        _int("--micro-batches", self.micro_batches, 1)
+        if not isinstance(self.split_after, (list, tuple)) or not all(
+                isinstance(n, str) and n for n in self.split_after):
+            raise ValueError(f"--split-after is {self.split_after!r}; allowed: a list of layer names")
+        dp = _scheme(self.dp_scheme, "--dp-scheme")
+        if self.dp_density is not None:
+            validate_density(self.dp_density, "--dp-density")
+        self.dp_options = dp.validate_options(dict(self.dp_options))
+        return self
 
 
 @dataclass
@@ -58,6 +124,44 @@ class TrainConfig:
     #: a pipeline (model-parallel) run; None for data-parallel and parameter-server runs
     mp: MPConfig | None = None
 
+    def validate(self, world: int | None = None) -> TrainConfig:
+        """Check every field, then the runtime's own checks; ``world`` is the world size if known.
+
+        Raises ValueError (one line naming the value and the allowed range).
+        Fills the scheme's option defaults into ``scheme_options``; returns ``self``.
+        """
+        _choice("--model", self.model, TRAIN_MODELS)
+        _choice("--data", self.data, DATASETS)
+        if (self.model == "lstm") != (self.data == "text"):
+            raise ValueError(f"--model {self.model} does not fit --data {self.data}: the lstm model trains on "
+                             "--data text, the classifiers on digits/synthetic/cifar10")
+        if self.data in ("cifar10", "text") and not self.data_dir:
+            raise ValueError(f"--data {self.data} needs --data-dir DIR")
+        cls = _scheme(self.scheme)
+        validate_density(self.density)
+        _int("--epochs", self.epochs, 1)
+        _int("--batch-size", self.batch_size, 1)
+        _number("--lr", self.lr, 0.0, low_open=True)
+        _number("--momentum", self.momentum, 0.0, 1.0, high_open=True)
+        _number("--weight-decay", self.weight_decay, 0.0)
+        _int("--bptt", self.bptt, 1)
+        _number("--clip", self.clip, 0.0)
+        _int("--seed", self.seed, -2**63)
+        _bool("memory", self.memory)
+        _bool("--resume", self.resume)
+        _bool("--diagnostics", self.diagnostics)
+        if self.resume and not self.checkpoint:
+            raise ValueError("--resume needs --checkpoint DIR")
+        _int("--servers", self.servers, 1)
+        self.scheme_options = cls.validate_options(dict(self.scheme_options))
+        if self.mp is not None:
+            self.mp.validate()
+        _world(cls, world)
+        from .runtimes import check_train
+
+        check_train(self, world)
+        return self
+
 
 @dataclass
 class BenchConfig:
@@ -74,3 +178,65 @@ class BenchConfig:
     diagnostics: bool = False
     #: parameter-server schemes: the last ``servers`` ranks serve
     servers: int = 1
+
+    def validate(self, world: int | None = None) -> BenchConfig:
+        """Check every field, then the runtime's own checks (a pipeline scheme has no ``bench``).
+
+        Raises ValueError (one line naming the value and the allowed range).
+        Fills the scheme's option defaults into ``scheme_options``; returns ``self``.
+        """
+        from .models.shapes import model_names
+
+        _choice("--model", self.model, model_names())
+        cls = _scheme(self.scheme)
+        validate_density(self.density)
+        _int("--iters", self.iters, 1)
+        _int("--warmup", self.warmup, 0)
+        _int("--seed", self.seed, -2**63)
+        _bool("memory", self.memory)
+        _bool("--diagnostics", self.diagnostics)
+        _int("--servers", self.servers, 1)
+        self.scheme_options = cls.validate_options(dict(self.scheme_options))
+        _world(cls, world)
+        from .runtimes import check_bench
+
+        check_bench(self, world)
+        return self
+
+
+# --------------------------------------------------------------------------- agreement across ranks
+#: fields that may differ between ranks (a dataset at a node-local path)
+PER_RANK_FIELDS = ("data_dir",)
+
+
+class ConfigMismatch(RuntimeError):
+    """Ranks were started with different configurations."""
+
+
+def _comparable(cfg: Any) -> dict[str, Any]:
+    return {k: v for k, v in asdict(cfg).items() if k not in PER_RANK_FIELDS}
+
+
+def check_agreement(comm, configs: Sequence[Any]) -> None:
+    """Fail on every rank, naming the differences, if ranks disagree on ``configs``.
+
+    Every field of every configuration is compared (all of
+    :func:`dataclasses.asdict` but :data:`PER_RANK_FIELDS`), so a new
+    option is compared without anyone remembering to add it here.
+    """
+    mine = [_comparable(c) for c in configs]
+    everyone = comm.allgather_obj(mine)
+    diffs: list[str] = []
+    for r, other in enumerate(everyone[1:], start=1):
+        if len(other) != len(everyone[0]):
+            diffs.append(f"schemes: rank 0 has {[c.get('scheme') for c in everyone[0]]!r}, "
+                         f"rank {r} has {[c.get('scheme') for c in other]!r}")
+            continue
+        for c0, cr in zip(everyone[0], other):
+            for k in sorted(set(c0) | set(cr)):
+                if c0.get(k) != cr.get(k):
+                    line = f"{k}: rank 0 has {c0.get(k)!r}, rank {r} has {cr.get(k)!r}"
+                    if line not in diffs:
+                        diffs.append(line)
+    if diffs:
+        raise ConfigMismatch("ranks disagree on the configuration: " + "; ".join(diffs[:5]))

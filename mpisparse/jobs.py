@@ -1,4 +1,4 @@
-"""SLURM job scripts from the bundled templates: ``mpisparse jobs list|render|examples``.
+"""SLURM job scripts from the bundled templates (the command is ``mpisparse jobs list|render|examples``).
 
 The templates live in ``mpisparse/templates/jobs/`` (shipped in the wheel);
 ``jobs/`` at the top of the repository holds scripts rendered from them by
@@ -34,10 +34,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
-import click
+from .registry import validate_density
 
 PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
 LAUNCHERS = ("srun", "mpirun")
@@ -50,12 +49,6 @@ _WORD = re.compile(r"^[A-Za-z0-9_.+:-]+$")
 
 class RenderError(ValueError):
     """A template cannot be rendered with the given values (the message is one line)."""
-
-
-class JobsUsageError(click.ClickException):
-    """One line on stderr, exit code 2 (like every other invalid option of the CLI)."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -273,7 +266,8 @@ def resolve(name: str, given: dict[str, Any]) -> dict[str, Any]:
     if "densities" in v:
         for d in str(v["densities"]).split() or [""]:
             try:
-                ok = 0.0 < float(d) <= 1.0
+                validate_density(d)
+                ok = True
             except ValueError:
                 ok = False
             if not ok:
@@ -386,63 +380,3 @@ EXAMPLES: dict[str, tuple[str, dict[str, Any]]] = {
 
 def render_examples() -> dict[str, str]:
     return {fname: render(name, given) for fname, (name, given) in EXAMPLES.items()}
-
-
-# --------------------------------------------------------------------------- click commands
-@click.group("jobs")
-def jobs() -> None:
-    """SLURM job scripts: `list` the templates, `render` one, write the `examples`."""
-
-
-@jobs.command("list")
-def jobs_list() -> None:
-    """Templates with a one-line description and their parameters."""
-    click.echo(format_list())
-
-
-def _option(name: str, **kw):
-    return click.option("--" + name.replace("_", "-"), name, default=None, **kw)
-
-
-@jobs.command("render")
-@click.argument("name", metavar="NAME")
-@_option("nodes", metavar="N", help="Number of nodes (required).")
-@_option("time", metavar="TIME", help="Time limit, SLURM format, e.g. 04:00:00 (required).")
-@_option("account", help="#SBATCH --account (omitted when not given).")
-@_option("partition", help="#SBATCH --partition (omitted when not given).")
-@_option("tasks_per_node", metavar="T", help="Ranks per node [default: --gpus-per-node, else 1].")
-@_option("gpus_per_node", metavar="G", help="GPUs per node, one per rank [default: 0].")
-@click.option("--setup", "setup", multiple=True, metavar="LINE",
-              help="Environment set-up line (module load ..., source .../activate); repeatable.")
-@_option("launcher", type=click.Choice(LAUNCHERS), help="srun [default] or mpirun.")
-@_option("srun_mpi", metavar="TYPE", help="srun --mpi=TYPE [default: pmix; 'default': leave it out].")
-@_option("launcher_args", metavar="ARGS", help="Extra srun/mpirun options.")
-@_option("args", metavar="ARGS", help="The mpisparse arguments (required for train).")
-@_option("job_name", metavar="NAME", help="#SBATCH --job-name [default: mpisparse-NAME].")
-@_option("output", metavar="PATTERN", help="#SBATCH --output [default: %x-%j.out].")
-@_option("signal_before", metavar="S", help="USR1 this many seconds before the time limit [default: 120].")
-@_option("checkpoint_dir", metavar="DIR", help="train: checkpoint directory.")
-@_option("results", metavar="DIR", help="bench, sweep: directory for the JSON results.")
-@_option("densities", metavar="'D ...'", help="sweep: densities, space-separated.")
-def jobs_render(name: str, **given: Any) -> None:
-    """Print the job script of template NAME (`mpisparse jobs list` shows them).
-
-    \b
-    mpisparse jobs render train --nodes 2 --time 04:00:00 --gpus-per-node 4 \\
-        --setup 'source ~/venv/bin/activate' --args '--model resnet18 --scheme deft' > train.sbatch
-    """
-    try:
-        click.echo(render(name, given), nl=False)
-    except RenderError as e:
-        raise JobsUsageError(str(e)) from None
-
-
-@jobs.command("examples")
-@click.argument("directory", type=click.Path(file_okay=False), default="jobs")
-def jobs_examples(directory: str) -> None:
-    """Write an example script of each template into DIRECTORY (the repository's jobs/)."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    for fname, text in render_examples().items():
-        (out / fname).write_text(text)
-        click.echo(f"wrote {out / fname}")

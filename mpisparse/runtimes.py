@@ -1,63 +1,127 @@
-"""The one dispatch point: which runtime runs a scheme, and its drivers.
+"""The one dispatch point: which runtime runs a scheme, its checks and its drivers.
 
 Three runtimes run schemes: ``collective`` (data parallel: every rank
 steps the same way, :mod:`mpisparse.schemes`), ``ps`` (parameter server,
 :mod:`mpisparse.ps`) and ``mp`` (pipeline model parallel, :mod:`mpisparse.mp`).
-A scheme declares its runtime; a training run with pipeline stages
-(``TrainConfig.mp``) runs in ``mp`` whatever its scheme.  Front ends call
-:func:`train` and :func:`bench_step` and never look at a scheme's runtime
-themselves.  Drivers are imported lazily (torch is only needed to train).
+A scheme's base class declares its runtime (``SchemeBase.runtime``); a
+training run with pipeline stages (``TrainConfig.mp``) runs in ``mp``
+whatever its scheme.  Front ends and the configuration call the functions
+here and never look at a scheme's runtime themselves; this is the only
+module that compares runtime names.  Drivers and checks are named as
+``"module:function"`` and imported when called (torch is only needed to
+train), so this module imports only the registry.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from .config import BenchConfig, TrainConfig
-from .schemes import scheme_class
+from .registry import SCHEMES, scheme_class
 
-__all__ = ["RUNTIMES", "Runtime", "bench_step", "runtime_of", "train"]
+if TYPE_CHECKING:  # annotations only: the configuration imports this module
+    from .config import BenchConfig, TrainConfig
+
+__all__ = ["RUNTIMES", "Runtime", "bench_step", "check_bench", "check_servers", "check_train", "runtime_of",
+           "schemes_of", "train", "train_runtime"]
 
 
 @dataclass(frozen=True)
 class Runtime:
-    """A runtime's drivers, as ``"module:function"`` (None: the runtime has no such command)."""
+    """A runtime's drivers and checks, as ``"module:function"`` (None: the runtime has none).
+
+    ``check`` is called as ``check(cfg, world)`` with a validated
+    :class:`~mpisparse.config.TrainConfig` or :class:`~mpisparse.config.BenchConfig`
+    and the world size (None when not known yet); it raises ValueError
+    (one line naming the value) for what only this runtime rejects.
+    """
 
     name: str
     train_driver: str
     bench_driver: str | None
     bench_refusal: str = ""
+    check: str | None = None
+    #: the scheme a sparse scheme of this runtime is compared with (``bench scaling``'s speedup column)
+    baseline: str | None = None
 
     def driver(self, spec: str) -> Callable[..., Any]:
         module, func = spec.split(":")
         return getattr(importlib.import_module(module), func)
 
+    def schemes(self) -> list[str]:
+        """The registered schemes of this runtime, sorted."""
+        return sorted(n for n, cls in SCHEMES.items() if cls.runtime == self.name)
+
+    def refuse_bench(self, scheme: str) -> None:
+        """ValueError when ``bench`` cannot run ``scheme`` (this runtime has no bench driver)."""
+        if self.bench_driver is None:
+            raise ValueError(f"scheme {scheme!r} " + self.bench_refusal.format(scheme=scheme))
+
+    def check_config(self, cfg, world: int | None = None) -> None:
+        if self.check is not None:
+            self.driver(self.check)(cfg, world)
+
 
 RUNTIMES: dict[str, Runtime] = {
-    "collective": Runtime("collective", "mpisparse.train.loop:run_training", "mpisparse.bench.step:run_step_bench"),
-    "ps": Runtime("ps", "mpisparse.ps.train:run_ps_training", "mpisparse.ps.bench:run_ps_step_bench"),
+    "collective": Runtime("collective", "mpisparse.train.loop:run_training", "mpisparse.bench.step:run_step_bench",
+                          baseline="dense"),
+    "ps": Runtime("ps", "mpisparse.ps.train:run_ps_training", "mpisparse.ps.bench:run_ps_step_bench",
+                  check="mpisparse.ps.options:check_config", baseline="plumpdp"),
     "mp": Runtime("mp", "mpisparse.mp.runtime:run_mp_training", None,
                   "sparsifies activations between pipeline stages, not gradients: run it with "
-                  "`mpisparse train --scheme {scheme} --mp-stages S`"),
+                  "`mpisparse train --scheme {scheme} --mp-stages S`",
+                  check="mpisparse.mp.config:check_config"),
 }
 
 
 def runtime_of(scheme: str) -> Runtime:
     """The runtime that runs ``scheme`` (ValueError for an unknown name)."""
-    return RUNTIMES[scheme_class(scheme).family]
+    return RUNTIMES[scheme_class(scheme).runtime]
+
+
+def schemes_of(runtime: str) -> list[str]:
+    """The registered schemes of runtime ``runtime`` (``collective``, ``ps`` or ``mp``), sorted."""
+    return RUNTIMES[runtime].schemes()
+
+
+def train_runtime(cfg: TrainConfig) -> Runtime:
+    """The runtime that trains ``cfg``: ``mp`` with pipeline stages, else its scheme's."""
+    return RUNTIMES["mp"] if cfg.mp is not None else runtime_of(cfg.scheme)
+
+
+def check_train(cfg: TrainConfig, world: int | None = None) -> None:
+    """The runtime's own checks of a training configuration (called by ``TrainConfig.validate``)."""
+    train_runtime(cfg).check_config(cfg, world)
+
+
+def check_bench(cfg: BenchConfig, world: int | None = None) -> None:
+    """The runtime's own checks of a ``bench`` configuration (called by ``BenchConfig.validate``)."""
+    rt = runtime_of(cfg.scheme)
+    rt.refuse_bench(cfg.scheme)
+    rt.check_config(cfg, world)
+
+
+def check_servers(schemes: Sequence[str], servers: int | None) -> int:
+    """``--servers`` on a command running ``schemes``: the number of servers (1 when not given).
+
+    ValueError when it is given but no chosen scheme is a parameter-server scheme.
+    """
+    ps = schemes_of("ps")
+    if servers is not None and not any(s in ps for s in schemes):
+        raise ValueError(f"--servers applies to the parameter-server schemes ({', '.join(ps)}), "
+                         f"not to {', '.join(schemes)}")
+    return 1 if servers is None else int(servers)
 
 
 def train(comm, cfg: TrainConfig, **hooks: Any):
     """Run one training configuration on every rank of ``comm``; returns its result."""
-    rt = RUNTIMES["mp"] if cfg.mp is not None else runtime_of(cfg.scheme)
+    rt = train_runtime(cfg)
     return rt.driver(rt.train_driver)(comm, cfg, **hooks)
 
 
 def bench_step(comm, cfg: BenchConfig, **hooks: Any):
     """Run one ``bench step`` configuration on every rank of ``comm``; returns its result."""
     rt = runtime_of(cfg.scheme)
-    if rt.bench_driver is None:
-        raise ValueError(f"scheme {cfg.scheme!r} " + rt.bench_refusal.format(scheme=cfg.scheme))
+    rt.refuse_bench(cfg.scheme)
     return rt.driver(rt.bench_driver)(comm, cfg, **hooks)

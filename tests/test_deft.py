@@ -133,7 +133,7 @@ def test_simulate_selection_times_shape_and_bookkeeping(w):
     ({"world_size": 0}, "world_size is 0; it must be an integer of at least 1"),
     ({"world_size": 2.5}, "world_size is 2.5"),
     ({"repeats": 0}, "repeats is 0; it must be an integer of at least 1"),
-    ({"density": 0.0}, r"--density is 0.0; allowed range is \(0, 1\]"),
+    ({"density": 0.0}, r"--density 0.0 is not in the allowed range \(0, 1\]"),
     ({"grad": np.zeros(5, np.float32)}, r"grad has shape \(5,\); the layout needs \(1582,\)"),
 ])
 def test_simulate_selection_times_validation(kw, match):

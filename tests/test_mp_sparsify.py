@@ -263,10 +263,12 @@ def test_dense_link_and_micro_batch_order():
 
 
 def test_dct_mp_is_registered_as_a_model_parallel_scheme():
-    from mpisparse.schemes import SCHEMES, all_options
+    from mpisparse.mp.scheme import MPScheme
+    from mpisparse.registry import SCHEMES, all_options
+    from mpisparse.runtimes import runtime_of
 
     cls = SCHEMES["dct-mp"]
-    assert cls.family == "mp"
+    assert issubclass(cls, MPScheme) and runtime_of("dct-mp").name == "mp"
     assert all_options()["mp_threshold"][1] == ["dct-mp"]
     assert cls.sparsifier(0.1).threshold == "topk"
     assert cls.sparsifier(0.1, mp_threshold="laplace").threshold == "laplace"

@@ -211,9 +211,14 @@ def test_layerwise_topk_keeps_k_per_layer():
 
 
 # --------------------------------------------------------------------------- registry, CLI
-def test_ps_schemes_are_registered_in_the_ps_family():
+def test_ps_schemes_are_registered_in_the_ps_runtime():
+    from mpisparse.ps.scheme import PSScheme
+    from mpisparse.runtimes import runtime_of, schemes_of
+
+    assert schemes_of("ps") == ["asgd", "dgs", "plumpdp", "slimdp"]
     for name in ("plumpdp", "slimdp", "asgd", "dgs"):
-        assert SCHEMES[name].family == "ps" and SCHEMES[name].min_world_size == 2
+        assert issubclass(SCHEMES[name], PSScheme) and runtime_of(name).name == "ps"
+        assert SCHEMES[name].min_world_size == 2
     assert SCHEMES["slimdp"].mode == "sync" and SCHEMES["dgs"].mode == "async"
 
 

@@ -47,18 +47,18 @@ class ScalingPoint:
 
 def baseline_of(scheme: str) -> str:
     """``plumpdp`` for a parameter-server scheme, ``dense`` otherwise."""
-    from ..schemes import SCHEMES
+    from ..runtimes import runtime_of
 
-    return "plumpdp" if SCHEMES[scheme].family == "ps" else "dense"
+    return runtime_of(scheme).baseline or "dense"
 
 
 def _fits(scheme: str, world: int, servers: int) -> bool:
-    from ..schemes import SCHEMES
+    from ..registry import SCHEMES
+    from ..runtimes import schemes_of
 
-    cls = SCHEMES[scheme]
-    if world < cls.min_world_size:
+    if world < SCHEMES[scheme].min_world_size:
         return False
-    return not (cls.family == "ps" and world < servers + 1)
+    return not (scheme in schemes_of("ps") and world < servers + 1)
 
 
 def plan_scaling(*, models: Sequence[str], schemes: Sequence[str], worlds: Sequence[int],
@@ -66,14 +66,14 @@ def plan_scaling(*, models: Sequence[str], schemes: Sequence[str], worlds: Seque
                  extra_options: Sequence[str] = (), out_dir: str | Path, baseline: bool = True,
                  emucluster_rate: str | None = None) -> list[ScalingPoint]:
     """One ``bench step`` job per (model, W, density), in that order."""
-    from ..schemes import SCHEMES
+    from ..registry import SCHEMES
+    from ..runtimes import runtime_of, schemes_of
 
     for s in schemes:
         if s not in SCHEMES:
             raise ValueError(f"unknown scheme {s!r}; known: {', '.join(sorted(SCHEMES))}")
-        if SCHEMES[s].family == "mp":
-            raise ValueError(f"scheme {s!r} sparsifies activations between pipeline stages; bench scaling runs "
-                             "bench step, which exchanges gradients")
+        runtime_of(s).refuse_bench(s)
+    ps = schemes_of("ps")
     servers_n = servers or 1
     points = []
     for model in models:
@@ -91,7 +91,7 @@ def plan_scaling(*, models: Sequence[str], schemes: Sequence[str], worlds: Seque
                 for s in chosen:
                     opts += ["--scheme", s]
                 opts += ["--density", f"{d:g}", "--iters", str(iters), "--warmup", str(warmup), "--seed", str(seed)]
-                if servers is not None and any(SCHEMES[s].family == "ps" for s in chosen):
+                if servers is not None and any(s in ps for s in chosen):
                     opts += ["--servers", str(servers)]
                 opts += list(extra_options) + ["--json", str(path)]
                 run = SubRun(["bench", "step"], opts, n=w, json_path=path, emucluster_rate=emucluster_rate,

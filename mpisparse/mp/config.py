@@ -1,13 +1,15 @@
-"""Options of the pipeline / hybrid runtime and their checks before MPI starts."""
+"""The pipeline / hybrid runtime's checks of its options, before MPI starts."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from ..config import MPConfig
-from ..schemes import SCHEMES
+from ..registry import SCHEMES
+from ..runtimes import schemes_of
+from .scheme import MPScheme
 
-__all__ = ["MPConfig", "parse_split_after", "check_mp_options", "DUMMY_INPUT"]
+__all__ = ["MPConfig", "parse_split_after", "check_config", "check_mp_options", "DUMMY_INPUT"]
 
 #: sample shapes of the built-in datasets ((features,), (C, H, W)), to check layer names before MPI
 DUMMY_INPUT = {"digits": ((64,), (1, 8, 8)), "synthetic": ((64,), (1, 8, 8)),
@@ -29,10 +31,10 @@ def check_mp_options(*, model: str, data: str, schemes: Sequence[str], stages: i
                      world: int | None = None, checkpoint: bool = False, clip: float = 0.0) -> bool:
     """Validate the pipeline options before MPI starts; True when the run is a pipeline run.
 
-    A pipeline run has ``--mp-stages`` >= 2 or a scheme of family ``mp``.
+    A pipeline run has ``--mp-stages`` >= 2 or a pipeline scheme (an :class:`MPScheme`).
     Raises ValueError (one sentence naming the values) otherwise wrong.
     """
-    mp_schemes = [s for s in schemes if SCHEMES[s].family == "mp"]
+    mp_schemes = [s for s in schemes if issubclass(SCHEMES[s], MPScheme)]
     if stages < 1:
         raise ValueError(f"--mp-stages is {stages}; it must be >= 1")
     if stages == 1 and not mp_schemes:
@@ -45,14 +47,14 @@ def check_mp_options(*, model: str, data: str, schemes: Sequence[str], stages: i
     if stages < 2:
         raise ValueError(f"scheme {mp_schemes[0]!r} sparsifies activations between pipeline stages: "
                          f"it needs --mp-stages S with S >= 2, got {stages}")
-    mp_names = ", ".join(sorted(n for n in SCHEMES if SCHEMES[n].family == "mp"))
+    mp_names = ", ".join(sorted(n for n in SCHEMES if issubclass(SCHEMES[n], MPScheme)))
     for s in schemes:
-        if SCHEMES[s].family != "mp" and s != "dense":
+        if not issubclass(SCHEMES[s], MPScheme) and s != "dense":
             raise ValueError(f"--scheme {s} is not a pipeline scheme: with --mp-stages, --scheme says how activations "
                              f"cross the stages (dense, or {mp_names}); pass {s} as --dp-scheme to run it inside "
                              f"each stage's data-parallel group")
     dp = dp_scheme or "dense"
-    if SCHEMES[dp].family != "collective":
+    if dp not in schemes_of("collective"):
         raise ValueError(f"--dp-scheme {dp} is not a data-parallel (collective) scheme")
     if world is not None:
         if world % stages:
@@ -84,3 +86,24 @@ def check_mp_options(*, model: str, data: str, schemes: Sequence[str], stages: i
             net = build_model(model, input_shape=shape, num_classes=10)
         plan_stages(net, stages, list(split_after) or None)
     return True
+
+
+def check_config(cfg, world: int | None = None) -> None:
+    """This runtime's checks of a ``TrainConfig`` (its fields already valid one by one): :func:`check_mp_options`.
+
+    ``cfg.mp`` None with a pipeline scheme is a run without stages (an
+    error); ``cfg.mp`` with one stage is a pipeline option set on a run
+    without stages (an error naming the options that differ from their
+    defaults).
+    """
+    mp = cfg.mp
+    if mp is None:
+        stages, split_after, micro_batches, dp, dp_density = 1, [], 1, None, None
+    else:
+        stages, split_after, micro_batches, dp, dp_density = (mp.stages, mp.split_after, mp.micro_batches,
+                                                               mp.dp_scheme, mp.dp_density)
+        if stages == 1 and dp == "dense" and (split_after or micro_batches != 1 or dp_density is not None):
+            dp = None  # the default: name only the options that were set
+    check_mp_options(model=cfg.model, data=cfg.data, schemes=(cfg.scheme,), stages=stages, split_after=split_after,
+                     micro_batches=micro_batches, batch_size=cfg.batch_size, dp_scheme=dp, dp_density=dp_density,
+                     world=world, checkpoint=bool(cfg.checkpoint or cfg.resume), clip=cfg.clip)

@@ -43,11 +43,12 @@ import torch.nn.functional as F
 
 from ..data import iterate_batches, load_dataset, shard_indices
 from ..models.nets import build_model, is_lm, needs_image
-from ..schemes import SCHEMES
+from ..schemes import SCHEMES, CollectiveScheme
 from ..timing import PHASES, PhaseTimer, reduce_over_ranks
 from ..torch import DistributedOptimizer
 from .config import MPConfig
 from .link import ActivationLink
+from .scheme import MPScheme
 from .stages import pipeline_layers, plan_stages, stage_module
 from .topology import split_communicators
 
@@ -101,7 +102,7 @@ class MPTrainer:
 
         self.timer = PhaseTimer()
         scheme_cls = SCHEMES[cfg.scheme]
-        if scheme_cls.family == "mp":
+        if issubclass(scheme_cls, MPScheme):
             opts = scheme_cls.validate_options(dict(cfg.scheme_options))
             self.threshold = opts.get("mp_threshold")
             sparsifier = scheme_cls.sparsifier(cfg.density, **opts)
@@ -115,7 +116,7 @@ class MPTrainer:
                      ActivationLink(self.pipe, self.stage + 1, self.shapes[self.stage], sparsifier, self.timer))
 
         dp_cls = SCHEMES[mp.dp_scheme]
-        if dp_cls.family != "collective":
+        if not issubclass(dp_cls, CollectiveScheme):
             raise ValueError(f"--dp-scheme {mp.dp_scheme} is not a data-parallel scheme")
         dp_opts = dict(mp.dp_options)
         if dp_cls.provides_momentum:

@@ -1,8 +1,8 @@
 """Parameter-server runtime: ``--servers S`` ranks hold the model, the rest train.
 
-The schemes of this family (``plumpdp``, ``slimdp``: Slim-DP, Sun et al.;
+The schemes of this runtime (``plumpdp``, ``slimdp``: Slim-DP, Sun et al.;
 ``asgd``, ``dgs``: Dual-Way Gradient Sparsification, Yan et al.) do not fit
-the collective :meth:`mpisparse.schemes.Scheme.step` contract: workers
+the collective :meth:`mpisparse.schemes.base.CollectiveScheme.step` contract: workers
 push to and pull from servers, in lock-step rounds (synchronous mode) or
 whenever they are ready (asynchronous mode).  The modules:
 
@@ -13,19 +13,18 @@ whenever they are ready (asynchronous mode).  The modules:
                      staleness, bytes and phases
 ``worker``           the worker's client: init, push + pull, GET, DONE + final
 ``algorithm``        the interfaces each scheme's worker and server implement
-``plumpdp`` ...      one module per scheme (``slimdp``, ``asgd``, ``dgs``)
+``plumpdp`` ...      one module per algorithm (``slimdp``, ``asgd``, ``dgs``)
 ``scheme``           :class:`PSScheme`, the registry's base for these schemes
-``results``          the JSON result object plus PS keys
+``schemes``          the registered schemes (name, options, mode, algorithm)
+``options``          the runtime's checks of a configuration before MPI starts
+``results``          the result object plus PS keys
 ``train``, ``bench`` ``mpisparse train`` / ``bench step`` on this runtime
 ===================  ==========================================================
 
-Importing this package imports NumPy only (torch stays lazy).  It imports
-the scheme registry first: the registered PS schemes import this package's
-modules, which import :mod:`mpisparse.schemes.base`, so either entry point
-(``mpisparse.schemes`` or ``mpisparse.ps...``) initialises both in order.
+Importing this package imports NumPy only (torch stays lazy); it does not
+import :mod:`mpisparse.schemes` (the data-parallel schemes), nor they it.
 """
 
-from .. import schemes as _registry  # noqa: F401  (see above)
 from .roles import Roles, Shard, make_shards
 
 __all__ = ["Roles", "Shard", "make_shards"]

@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import backend
 from ..fusion import FusionLayout
-from ..schemes.base import k_for
+from ..registry import k_for
 from ..timing import PhaseTimer
 from .protocol import MODEL, PUSH, Part, ProtocolError, check_shape, decode_into, encode
 from .roles import Shard, split_by_shard

@@ -20,7 +20,7 @@ from ..config import BenchConfig
 from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
-from ..schemes import create
+from ..registry import create
 from ..timing import PhaseTimer
 from .results import gather_ps_result
 

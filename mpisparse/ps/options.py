@@ -1,36 +1,29 @@
-"""Checks of the parameter-server options before MPI starts (``train``, ``bench step``)."""
+"""The parameter-server runtime's checks of a configuration, before MPI starts (``train``, ``bench``)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
-from ..schemes import SCHEMES
+from ..registry import scheme_class
 from .roles import Roles
+from .scheme import PSScheme
+
+__all__ = ["check_config"]
 
 
-def ps_schemes(schemes: Sequence[str]) -> list[str]:
-    return [s for s in schemes if SCHEMES[s].family == "ps"]
+def check_config(cfg: Any, world: int | None = None) -> None:
+    """What only this runtime rejects in a ``TrainConfig``/``BenchConfig`` of a parameter-server scheme.
 
-
-def check_ps_options(schemes: Sequence[str], *, servers: int | None, world: int | None, density: float,
-                     per_scheme: dict[str, dict[str, Any]], checkpoint: bool = False) -> int:
-    """Validate ``--servers`` and the PS schemes' options; returns the number of servers.
-
-    Raises ValueError (one sentence naming the values): ``--servers`` without
-    a parameter-server scheme, a world without a worker, cross-option
-    conflicts (``--core`` above ``--density``), checkpoints.
+    ``cfg``'s fields are already valid one by one.  Raises ValueError (one
+    sentence naming the values): cross-option conflicts (``--core`` above
+    ``--density``), a world without a worker, checkpoints.
     """
-    chosen = ps_schemes(schemes)
-    if servers is not None and not chosen:
-        names = ", ".join(sorted(n for n in SCHEMES if SCHEMES[n].family == "ps"))
-        raise ValueError(f"--servers applies to the parameter-server schemes ({names}), "
-                         f"not to {', '.join(schemes)}")
-    n_servers = 1 if servers is None else int(servers)
-    for s in chosen:
-        SCHEMES[s].check_config(density, per_scheme.get(s, {}))
-    if chosen and world is not None:
-        Roles(world, n_servers)
-    if chosen and checkpoint:
+    cls = scheme_class(cfg.scheme)
+    if not issubclass(cls, PSScheme):
+        raise ValueError(f"scheme {cfg.scheme!r} is not a parameter-server scheme")
+    cls.check_config(cfg.density, cfg.scheme_options)
+    if world is not None:
+        Roles(world, int(cfg.servers))
+    if getattr(cfg, "checkpoint", None) or getattr(cfg, "resume", False):
         raise ValueError(f"--checkpoint/--resume are not supported for the parameter-server scheme "
-                         f"{chosen[0]!r}")
-    return n_servers
+                         f"{cfg.scheme!r}")

@@ -1,12 +1,13 @@
-"""The registry's base class for parameter-server schemes.
+"""The base class of the parameter-server schemes (runtime ``ps``).
 
 A :class:`PSScheme` is registered like every scheme (``--scheme NAME``,
-options declared with :class:`~mpisparse.schemes.base.SchemeOption`), but
-``family = "ps"``: the front ends (``train``, ``bench step``) see the
-family and run :mod:`mpisparse.ps` instead of calling :meth:`Scheme.step`.
-An instance validates the options, knows the roles and shards of its
-world, and builds the worker side (:meth:`PSScheme.make_worker`) or the
-server loop (:meth:`PSScheme.make_server`) of its algorithm.
+options declared with :class:`~mpisparse.registry.SchemeOption`); its
+runtime is ``ps``, so :mod:`mpisparse.runtimes` runs it with the drivers of
+this package.  An instance validates the options, knows the roles and
+shards of its world, and builds the worker side
+(:meth:`PSScheme.make_worker`) or the server loop
+(:meth:`PSScheme.make_server`) of its algorithm.  The registered schemes
+are in :mod:`mpisparse.ps.schemes`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..fusion import FusionLayout
-from ..schemes.base import Scheme, SchemeOption
+from ..registry import SchemeBase, SchemeOption, k_for, validate_density
 from ..timing import PhaseTimer
 from .algorithm import ServerAlgorithm, ServerContext, WorkerAlgorithm, WorkerContext
 from .roles import Roles, make_shards
@@ -35,10 +36,10 @@ ROUND_ROBIN = SchemeOption(
     "asynchronous arithmetic in a reproducible order")
 
 
-class PSScheme(Scheme):
+class PSScheme(SchemeBase):
     """Base of ``plumpdp``, ``slimdp``, ``asgd``, ``dgs``."""
 
-    family: ClassVar[str] = "ps"
+    runtime: ClassVar[str] = "ps"
     min_world_size: ClassVar[int] = 2
     uses_memory: ClassVar[bool] = False
     #: "sync" (rounds) or "async" (arrival order; ``--round-robin`` makes it deterministic)
@@ -48,7 +49,15 @@ class PSScheme(Scheme):
 
     def __init__(self, comm, layout: FusionLayout, density: float, *, servers: int = 1, memory: bool = True,
                  timer: PhaseTimer | None = None, seed: int = 0, **options: Any):
-        super().__init__(comm, layout, density, memory=memory, timer=timer, seed=seed, **options)
+        self.comm = comm
+        self.layout = layout
+        self.n = layout.n
+        self.density = validate_density(density)
+        self.k = k_for(self.density, self.n)
+        self.seed = int(seed)
+        self.timer = timer if timer is not None else PhaseTimer(enabled=False)
+        self.opts = self.validate_options(options)
+        self.check_world(comm.size)
         self.check_config(self.density, self.opts)
         self.use_memory = bool(memory)
         self.roles = Roles(comm.size, int(servers))
@@ -91,12 +100,3 @@ class PSScheme(Scheme):
         algo = self.server_class(ctx, np.asarray(w[shard.lo:shard.hi], dtype=np.float32))
         return ServerLoop(self.comm, self.roles, shard, algo, mode=self.server_mode,
                           timer=timer if timer is not None else PhaseTimer(), warmup=warmup)
-
-    # ------------------------------------------- the collective contract
-    def _step(self, grad):
-        raise NotImplementedError(
-            f"scheme {self.name!r} is a parameter-server scheme: it runs through mpisparse.ps "
-            "(mpisparse train / bench step dispatch on Scheme.family), not Scheme.step")
-
-    def selected_global(self) -> int:
-        raise NotImplementedError(f"scheme {self.name!r} reports its density through mpisparse.ps")

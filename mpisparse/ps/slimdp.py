@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..schemes.base import k_for
+from ..registry import k_for
 from .algorithm import ServerAlgorithm, WorkerAlgorithm
 from .plumpdp import average_into
 from .protocol import CORE, KEY_DTYPE, MODEL, PULL, PUSH, PUSH_FULL, Part, ProtocolError, decode_into

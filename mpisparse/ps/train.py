@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 from ..data import iterate_batches, lm_batches, shard_indices
 from ..fusion import FusionLayout
-from ..schemes import create
+from ..registry import create
 from ..timing import PhaseTimer
 from .results import gather_ps_result
 

@@ -1,4 +1,4 @@
-"""Scheme interface, option declarations and the registry.
+"""The data-parallel scheme interface (runtime ``collective``).
 
 A scheme turns each rank's gradient vector (the fusion buffer) into the
 same aggregated update on every rank.  It is built from three parts:
@@ -8,118 +8,36 @@ same aggregated update on every rank.  It is built from three parts:
 * an **exchange**: the collective pattern that combines the ranks' offers
   (through :class:`mpisparse.comm.Communicator`, which counts and times).
 
-:meth:`Scheme.step` returns the *mean* over ranks of what was sent, as a
+:meth:`CollectiveScheme.step` returns the *mean* over ranks of what was sent, as a
 dense vector owned by the scheme (overwritten by the next step).  Phases
 are timed with the shared vocabulary of :mod:`mpisparse.timing`.  Statistics
 that cost extra work (distinct selected indices) are computed lazily by
-:meth:`Scheme.selected_global`, outside the timed step.
+:meth:`CollectiveScheme.selected_global`, outside the timed step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from ..fusion import FusionLayout
 from ..memory import Memory, make_memory
+from ..registry import SCHEMES, SchemeBase, SchemeOption, k_for, register, scheme_class, validate_density
 from ..timing import PhaseTimer
 
-SCHEMES: dict[str, type["Scheme"]] = {}
+__all__ = ["CollectiveScheme", "SCHEMES", "Scheme", "SchemeOption", "SparseGatherScheme", "k_for", "register",
+           "scatter_sum", "scheme_class", "validate_density"]
 
 
-def register(name: str):
-    """Class decorator: make a scheme available as ``--scheme name``."""
+class CollectiveScheme(SchemeBase):
+    """Base of the data-parallel schemes (runtime ``collective``); subclasses implement :meth:`_step`.
 
-    def deco(cls: type[Scheme]) -> type[Scheme]:
-        if name in SCHEMES:
-            raise ValueError(f"scheme {name!r} is registered twice")
-        cls.name = name
-        SCHEMES[name] = cls
-        return cls
-
-    return deco
-
-
-def scheme_class(name: str) -> type["Scheme"]:
-    try:
-        return SCHEMES[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown scheme {name!r}; choose one of: {', '.join(sorted(SCHEMES))}"
-        ) from None
-
-
-@dataclass(frozen=True)
-class SchemeOption:
-    """A scheme's own command-line option (``--name``), declared once.
-
-    ``kind`` is ``int``, ``float`` or ``bool`` (a flag), or ``str`` with
-    ``choices`` (the allowed values).  ``low``/``high`` bound numeric values
-    (inclusive unless ``low_open``).
+    Every rank calls :meth:`step` with its gradient vector in the same
+    order; the scheme's exchange combines them.
     """
 
-    name: str
-    kind: type
-    default: Any
-    help: str
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    choices: tuple[str, ...] | None = None
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
-
-    def validate(self, value: Any) -> Any:
-        if value is None or self.kind is bool:
-            return value
-        if self.choices is not None:
-            if value not in self.choices:
-                raise ValueError(f"{self.flag} is {value!r}; allowed values are {', '.join(self.choices)}")
-            return value
-        try:
-            value = self.kind(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{self.flag} must be a {self.kind.__name__}, got {value!r}") from None
-        lo_ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
-        hi_ok = self.high is None or value <= self.high
-        if not (lo_ok and hi_ok and np.isfinite(value)):
-            lo = "-inf" if self.low is None else f"{self.low:g}"
-            hi = "inf" if self.high is None else f"{self.high:g}"
-            bracket = "(" if self.low_open else "["
-            raise ValueError(f"{self.flag} is {value!r}; allowed range is {bracket}{lo}, {hi}]")
-        return value
-
-
-def validate_density(density: Any) -> float:
-    try:
-        d = float(density)
-    except (TypeError, ValueError):
-        raise ValueError(f"--density must be a number in (0, 1], got {density!r}") from None
-    if not (0.0 < d <= 1.0):
-        raise ValueError(f"--density is {density!r}; allowed range is (0, 1]")
-    return d
-
-
-def k_for(density: float, n: int) -> int:
-    """Number of entries a density keeps out of ``n``: at least 1, at most ``n``."""
-    return max(1, min(n, int(round(density * n))))
-
-
-class Scheme:
-    """Base of all schemes; subclasses implement :meth:`_step`."""
-
-    name: ClassVar[str] = "abstract"
-    options: ClassVar[tuple[SchemeOption, ...]] = ()
-    #: ranks the scheme needs at least (e.g. a parameter server needs 2)
-    min_world_size: ClassVar[int] = 1
-    #: how the scheme runs: "collective" (every rank steps the same way, the
-    #: Scheme.step contract below), "ps" (parameter server: mpisparse.ps) or
-    #: "mp" (model parallel: mpisparse.mp); the front ends dispatch on it
-    family: ClassVar[str] = "collective"
+    runtime: ClassVar[str] = "collective"
     #: whether error feedback applies (False for dense)
     uses_memory: ClassVar[bool] = True
     #: the scheme applies momentum itself (DGC's momentum correction): the
@@ -138,23 +56,8 @@ class Scheme:
         self.memory: Memory = make_memory(memory and self.uses_memory)
         self.iteration = 0
         self.opts = self.validate_options(options)
-        if comm.size < self.min_world_size:
-            raise ValueError(
-                f"scheme {self.name!r} needs at least {self.min_world_size} ranks, "
-                f"got a world of {comm.size}"
-            )
+        self.check_world(comm.size)
         self._out = None
-
-    # ----------------------------------------------------------- options
-    @classmethod
-    def validate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        known = {o.name: o for o in cls.options}
-        unknown = set(options) - set(known)
-        if unknown:
-            names = ", ".join("--" + u.replace("_", "-") for u in sorted(unknown))
-            allowed = ", ".join(o.flag for o in cls.options) or "none"
-            raise ValueError(f"scheme {cls.name!r} has no option {names}; its options: {allowed}")
-        return {name: o.validate(options.get(name, o.default)) for name, o in known.items()}
 
     # -------------------------------------------------------------- step
     def phase(self, name: str):
@@ -215,7 +118,11 @@ class Scheme:
         pass
 
 
-class SparseGatherScheme(Scheme):
+#: the name this base had before the runtimes had their own bases
+Scheme = CollectiveScheme
+
+
+class SparseGatherScheme(CollectiveScheme):
     """Each rank offers its own (index, value) set; sets are gathered and summed.
 
     The exchange of the classic Top-k sparsifier: Allgatherv of indices,

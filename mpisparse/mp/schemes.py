@@ -1,13 +1,15 @@
-"""``dct-mp``: DCT-MP (Gupta et al., Sec. 2.2, Algorithm 2), the registry entry.
+"""The registered pipeline schemes (runtime ``mp``): ``dct-mp``.
+
+``dct-mp``: DCT-MP (Gupta et al., Sec. 2.2, Algorithm 2).
 
 DCT-MP sparsifies what crosses a model-parallel split, not a gradient
 vector: per sample, the activations of largest magnitude go forward with
 their mask, and the activation gradients under the same mask come back.  It
-therefore runs in the pipeline runtime (``family = "mp"``):
+therefore runs in the pipeline runtime (base :class:`~mpisparse.mp.scheme.MPScheme`):
 ``mpisparse train --scheme dct-mp --mp-stages S --density D``; the
 implementation is :mod:`mpisparse.mp` (selection and wire format in
 :mod:`mpisparse.mp.sparsify`, the point-to-point protocol in
-:mod:`mpisparse.mp.link`).  This class only declares the name, the family
+:mod:`mpisparse.mp.link`).  This class only declares the name, the runtime
 and the options, and builds the per-split selector.
 
 Option ``--mp-threshold``: ``topk`` (default; exact per-row top-k,
@@ -21,15 +23,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Scheme, SchemeOption, register
+from ..registry import SchemeOption, register
+from .scheme import MPScheme
+
+__all__ = ["DCTMP"]
 
 
 @register("dct-mp")
-class DCTMP(Scheme):
+class DCTMP(MPScheme):
     """Activation sparsification between pipeline stages; see the module docstring."""
 
-    family = "mp"
-    uses_memory = False
     options = (
         SchemeOption("mp_threshold", str, "topk",
                      "dct-mp: per-row threshold: topk (exact per-sample top-k, Alg. 2) or laplace "
@@ -39,12 +42,7 @@ class DCTMP(Scheme):
     @classmethod
     def sparsifier(cls, density: float, **options: Any):
         """A fresh selector for one split (:class:`mpisparse.mp.sparsify.ActivationSparsifier`)."""
-        from ..mp.sparsify import ActivationSparsifier
+        from .sparsify import ActivationSparsifier
 
         opts = cls.validate_options(options)
         return ActivationSparsifier(density, opts["mp_threshold"])
-
-    def _step(self, grad):
-        raise NotImplementedError(
-            "dct-mp sparsifies activations between pipeline stages, not gradient vectors: run it with "
-            "`mpisparse train --scheme dct-mp --mp-stages S`")

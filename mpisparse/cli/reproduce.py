@@ -1,4 +1,7 @@
-"""The click command ``mpisparse reproduce``, registered at the end of :mod:`mpisparse.cli`."""
+"""``mpisparse reproduce``: run a seed paper's claim as jobs, print the claim beside the measurement.
+
+The targets and their reports are :mod:`mpisparse.reproduce`.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +11,9 @@ import time
 
 import click
 
-from ..cli import _int_list
+from .options import emucluster_rate, int_list
 
 __all__ = ["reproduce"]
-
-
-def _emucluster(ctx, param, value: str) -> str:
-    v = value.strip().lower()
-    if v in ("auto", "off"):
-        return v
-    import re
-
-    if not re.fullmatch(r"\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)", v):
-        raise click.BadParameter(f"{value!r}: give auto, off, or a link rate in tc's syntax (e.g. 100mbit, 1gbit)")
-    return v
 
 
 @click.command("reproduce")
@@ -32,12 +24,12 @@ def _emucluster(ctx, param, value: str) -> str:
                    "(MPISPARSE_QUICK=1 makes it smaller still, for CI).")
 @click.option("-n", "--np", "max_world", type=click.IntRange(min=1), default=None, metavar="W",
               help="Largest world size of the underlying runs (the target's own sweep up to W, then W).")
-@click.option("--worlds", default=None, callback=lambda c, p, v: None if v is None else _int_list(c, p, v),
+@click.option("--worlds", default=None, callback=lambda c, p, v: None if v is None else int_list(c, p, v),
               metavar="W[,W...]", help="World sizes of the underlying runs (servers included), replacing the "
                                        "target's own.")
 @click.option("--timeout", type=click.IntRange(min=1), default=None, metavar="SECONDS",
               help="Bound each underlying job [900 with --quick, else 3600].")
-@click.option("--emucluster", default="auto", show_default=True, callback=_emucluster, metavar="auto|off|RATE",
+@click.option("--emucluster", default="auto", show_default=True, callback=emucluster_rate, metavar="auto|off|RATE",
               help="Network of the underlying MPI jobs: RATE runs every job on an emulated cluster at that link "
                    "rate (bin/emucluster, root); auto runs the jobs whose claims are about communication time "
                    "(deft-breakdown, dct-threshold's Fig. 8a, slimdp-traffic at 1gbit; dgs-speedup at 100mbit) on "
@@ -58,9 +50,10 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
     command (in a SLURM batch script too), not under mpiexec/srun: it starts
     its own MPI jobs.
     """
+    from ..bench.runs import RunFailed
     from ..launch import under_mpi_launcher
-    from .base import Context, Report, Skip, claims_markdown, format_report, write_report_json
-    from .registry import TARGETS, get_target
+    from ..reproduce.base import Context, Report, Skip, claims_markdown, format_report, write_report_json
+    from ..reproduce.registry import TARGETS, get_target
 
     if list_targets:
         width = max(len(n) for n in TARGETS)
@@ -101,11 +94,7 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
                 rep = t.run(ctx)
             except Skip as e:
                 rep = t.report(ctx, skipped=str(e), commands=list(ctx.commands))
-            except Exception as e:  # noqa: BLE001 - a failed run ends this target, the others go on
-                from ..bench.runs import RunFailed
-
-                if not isinstance(e, RunFailed):
-                    raise
+            except RunFailed as e:  # a failed run ends this target, the others go on
                 failed.append(t.name)
                 click.echo(f"{t.name}: {e}", err=True)
                 continue

@@ -1,0 +1,322 @@
+"""``mpisparse bench step|exchange|select|scaling``.
+
+The work is in :mod:`mpisparse.bench` and the runtimes
+(:func:`mpisparse.runtimes.bench_step`); what is printed and written is
+:mod:`mpisparse.cli.output`.  Heavy imports stay inside the commands.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import click
+
+from ..config import BenchConfig
+from ..models.shapes import model_names
+from ..registry import SCHEMES, validate_density
+from ..runtimes import check_servers
+from . import output
+from .options import (SectionedCommand, check_plot, cuda_aware_option, density_list, int_list, mpi_options,
+                      pick_scheme_options, scheme_options, size_list, usage, validated)
+from .session import agree_on_config, maybe_relaunch, open_comm
+
+__all__ = ["bench", "bench_exchange", "bench_scaling", "bench_select", "bench_step"]
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks: `step` (sparsified steps), `exchange` (collective patterns), `select` (kernels),
+    `scaling` (sweeps of W and density)."""
+
+
+# --------------------------------------------------------------------------- step
+@bench.command("step", cls=SectionedCommand)
+@mpi_options
+@click.option("--model", type=click.Choice(model_names()), default="resnet18", show_default=True,
+              help="Gradients shaped like this model's layers.")
+@click.option("--scheme", "schemes", type=click.Choice(sorted(SCHEMES)), multiple=True,
+              default=("dense", "topk"), show_default=True,
+              help="Scheme to run; repeat to compare several in one job.")
+@click.option("--density", type=float, default=0.01, show_default=True,
+              help="Fraction of elements sent, in (0, 1].")
+@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True, help="Timed steps.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed steps first.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic gradients.")
+@click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")
+@click.option("--check-collectives", is_flag=True,
+              help="Debug: verify every collective's counts and dtypes agree across ranks.")
+@click.option("--diagnostics", is_flag=True,
+              help="Per-step diagnostics into the JSON (error norm, scheme-specific; extra communication).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the result object (a list with several --scheme) to this file.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="One row per scheme: the result's scalars and per-phase ms.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG: per-phase time per step (stacked) and bytes per rank, one bar per scheme.")
+@click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
+              help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")
+@scheme_options
+@cuda_aware_option
+def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no_memory,
+               check_collectives, diagnostics, json_path, csv_path, plot_path, servers, cuda_aware=None,
+               **scheme_opts) -> None:
+    """Time sparsified steps of one or more schemes; print the per-phase table."""
+    schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
+    per_scheme = pick_scheme_options(schemes, scheme_opts)
+    servers = usage(check_servers, schemes, servers)
+    cfgs = [validated(BenchConfig(model=model, scheme=s, density=density, iters=iters, warmup=warmup, seed=seed,
+                                  memory=not no_memory, scheme_options=dict(per_scheme[s]),
+                                  diagnostics=diagnostics, servers=servers), nprocs)
+            for s in schemes]
+    check_plot(plot_path)
+    maybe_relaunch(nprocs, timeout)
+
+    from ..runtimes import bench_step as run_bench_step
+
+    comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
+    agree_on_config(comm, cfgs)
+    results = []
+    for cfg in cfgs:
+        res = run_bench_step(comm, cfg, progress=output.progress(comm, f"{cfg.scheme}: step"))
+        results.append(res)
+        if comm.rank == 0:
+            output.print_step_result(cfg.scheme, model, density, res)
+    if comm.rank == 0:
+        output.finish_step(results, json_path, csv_path, plot_path)
+
+
+# --------------------------------------------------------------------------- exchange
+@bench.command("exchange", cls=SectionedCommand)
+@mpi_options
+@click.option("--model", type=click.Choice(model_names()), default="resnet18", show_default=True,
+              help="Gradients shaped like this model's layers.")
+@click.option("--scheme", "schemes", type=click.Choice(sorted(SCHEMES)), multiple=True,
+              default=("dense", "topk", "cltk", "deft"), show_default=True,
+              help="Scheme whose exchange is timed; repeat for several.")
+@click.option("--densities", default="0.001,0.01,0.1", show_default=True, callback=density_list,
+              metavar="D[,D...]", help="Densities to run each scheme at.")
+@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True, help="Timed steps per point.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed steps first.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic gradients.")
+@click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")
+@click.option("--check-collectives", is_flag=True,
+              help="Debug: verify every collective's counts and dtypes agree across ranks.")
+@click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
+              help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="The per-run result objects (a list), with the exchange keys added.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="One row per scheme and density.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG: exchange time and bytes per rank against density, a line per scheme.")
+@scheme_options
+@cuda_aware_option
+def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, seed, no_memory, check_collectives,
+                   servers, json_path, csv_path, plot_path, cuda_aware=None, **scheme_opts) -> None:
+    """Time each scheme's exchange alone (indices + values, or push + pull) against density, at this W.
+
+    The scheme runs its steps on bench-step gradients; only the phases that
+    move data between ranks and the bytes are reported.  Sweep W with
+    `bench scaling`, or run this under several -n.
+    """
+    schemes = tuple(dict.fromkeys(schemes))
+    per_scheme = pick_scheme_options(schemes, scheme_opts)
+    servers_n = usage(check_servers, schemes, servers)
+    cfgs = [validated(BenchConfig(model=model, scheme=s, density=d, iters=iters, warmup=warmup, seed=seed,
+                                  memory=not no_memory, scheme_options=dict(per_scheme[s]), servers=servers_n),
+                      nprocs)
+            for s in schemes for d in densities]
+    per_scheme = {c.scheme: c.scheme_options for c in cfgs}
+    check_plot(plot_path)
+    maybe_relaunch(nprocs, timeout)
+
+    from ..bench.exchange import run_exchange_bench
+
+    comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
+    agree_on_config(comm, cfgs)
+    progress = output.progress(comm, "exchange")
+    results = run_exchange_bench(
+        comm, model=model, schemes=schemes, densities=densities, iters=iters, warmup=warmup, seed=seed,
+        memory=not no_memory, scheme_options=per_scheme, servers=servers_n,
+        progress=None if progress is None else (lambda label, i, n: progress(i, n)))
+    if comm.rank == 0:
+        output.exchange_outputs(results, json_path, csv_path, plot_path)
+
+
+# --------------------------------------------------------------------------- select
+@bench.command("select")
+@click.option("--mode", type=click.Choice(["kernels", "deft"]), default="kernels", show_default=True,
+              help="kernels: top-k/threshold kernels vs torch.topk and one pass; "
+                   "deft: DEFT's per-rank selection time vs whole-vector top-k for several W.")
+@click.option("--size", type=click.IntRange(min=1), default=25_000_000, show_default=True,
+              help="kernels: elements in the float32 vector.")
+@click.option("--model", "models", type=click.Choice(model_names()), multiple=True,
+              default=("resnet50", "lstm-wt2"), show_default=True, help="deft: gradient shapes.")
+@click.option("--worlds", default="1,2,4,8,16", show_default=True, callback=int_list,
+              help="deft: world sizes; each rank's share is timed one after another in this process.")
+@click.option("--density", type=float, default=None,
+              help="Fraction selected, in (0, 1] [default: 0.001 for kernels, 0.01 for deft].")
+@click.option("--repeats", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed calls of each kernel (best and median reported).")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="torch intra-op threads (NumPy kernels are single-threaded).")
+@click.option("--distribution", type=click.Choice(["normal", "student-t"]), default="normal",
+              show_default=True, help="Distribution of the vector's values.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the result object to this file (a list for a sweep).")
+@click.option("--sizes", default=None, callback=size_list, metavar="N[,N...]",
+              help="kernels: sweep these vector sizes (replaces --size).")
+@click.option("--densities", default=None, callback=density_list, metavar="D[,D...]",
+              help="kernels: sweep these densities (replaces --density).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="One row per point (kernels) or per model and W (deft).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG: kernel time vs size/density (kernels), or selection speedup vs W (deft).")
+@click.option("--backend", type=click.Choice(["numpy", "cupy"]), default="numpy", show_default=True,
+              help="numpy: the CPU kernels; cupy: the GPU kernels on the current device (with the device's "
+                   "measured copy bandwidth and torch.topk on the same device).")
+def bench_select(mode, size, models, worlds, density, repeats, threads, distribution, seed, json_path,
+                 sizes, densities, csv_path, plot_path, backend) -> None:
+    """Time selection (one process): the kernels, or DEFT's per-rank share against whole-vector top-k.
+
+    With several --sizes or --densities the kernels run once per point and
+    one table (and --csv/--plot) covers the sweep.
+    """
+    if density is not None:
+        density = usage(validate_density, density)
+    check_plot(plot_path)
+    size = sizes[0] if sizes else size
+    density = densities[0] if densities else density
+    if mode == "kernels" and (len(sizes or ()) > 1 or len(densities or ()) > 1):
+        from ..bench.select_sweep import select_sweep_command
+
+        try:
+            select_sweep_command(backend, sizes or [size], densities or [0.001 if density is None else density],
+                                 repeats=repeats, seed=seed, threads=threads, distribution=distribution,
+                                 json_path=json_path, csv_path=csv_path, plot_path=plot_path, echo=click.echo)
+        except RuntimeError as e:
+            raise click.UsageError(str(e)) from None
+        return
+    if backend == "cupy":
+        from ..backend.cupy_kernels import available
+
+        if not available():
+            raise click.UsageError("--backend cupy: no GPU/CuPy available (needs CuPy, e.g. "
+                                   "pip install cupy-cuda12x, and a CUDA device)")
+        from ..bench import select_gpu
+
+        if mode == "deft":
+            rows = select_gpu.run_deft_select_bench_gpu(models=tuple(models), worlds=tuple(worlds),
+                                                        density=0.01 if density is None else density, seed=seed,
+                                                        repeats=repeats)
+            click.echo(select_gpu.format_deft_select_bench_gpu(rows))
+            output.select_outputs(mode, rows, json_path, csv_path, plot_path)
+            return
+        res = select_gpu.run_select_bench_gpu(n=size, density=0.001 if density is None else density,
+                                              repeats=repeats, seed=seed, distribution=distribution)
+        click.echo(select_gpu.format_select_bench_gpu(res))
+        output.select_outputs(mode, [res], json_path, csv_path, plot_path)
+        return
+    if mode == "deft":
+        from ..bench.select_deft import format_deft_select_bench, run_deft_select_bench
+
+        rows = run_deft_select_bench(models=tuple(models), worlds=tuple(worlds),
+                                     density=0.01 if density is None else density, seed=seed, repeats=repeats)
+        click.echo(format_deft_select_bench(rows))
+        output.select_outputs(mode, rows, json_path, csv_path, plot_path)
+        return
+    density = 0.001 if density is None else density
+    from ..bench.select import format_select_bench, run_select_bench
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise click.UsageError("bench select compares with torch.topk: install torch (pip install '.[train]')")
+    res = run_select_bench(n=size, density=density, repeats=repeats, seed=seed, threads=threads,
+                           distribution=distribution)
+    click.echo(format_select_bench(res))
+    output.select_outputs(mode, [res], json_path, csv_path, plot_path)
+
+
+# --------------------------------------------------------------------------- scaling
+@bench.command("scaling", cls=SectionedCommand)
+@click.option("--worlds", default="1,2,4", show_default=True, callback=int_list, metavar="W[,W...]",
+              help="World sizes: one `mpiexec -n W` job per W (and density and model).")
+@click.option("--densities", default="0.01,0.001", show_default=True, callback=density_list,
+              metavar="D[,D...]", help="Densities.")
+@click.option("--model", "models", type=click.Choice(model_names()), multiple=True, default=("resnet50",),
+              show_default=True, help="Gradient shapes; repeat for several.")
+@click.option("--scheme", "schemes", type=click.Choice(sorted(SCHEMES)), multiple=True,
+              default=("topk", "cltk", "deft"), show_default=True,
+              help="Schemes; repeat for several (the baseline, dense or plumpdp, is added).")
+@click.option("--no-baseline", is_flag=True, help="Do not add dense/plumpdp to each job (no speedup column).")
+@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True, help="Timed steps per job.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed steps first.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--no-memory", is_flag=True, help="Disable error feedback.")
+@click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
+              help="Parameter-server schemes: the last S ranks of each job serve [1].")
+@click.option("--timeout", type=click.IntRange(min=1), default=1800, show_default=True, metavar="SECONDS",
+              help="Bound each job (MPIEXEC_TIMEOUT), and the subprocess 60 s later.")
+@click.option("--emucluster", "emucluster_rate", default=None, metavar="RATE",
+              help="Run each job on an emulated cluster of W hosts linked at RATE (e.g. 1gbit; bin/emucluster, "
+                   "needs root).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep each job's JSON here [a temporary directory].")
+@click.option("--verbose", is_flag=True, help="Show each job's own output.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Every job's per-run result objects (a list), with baseline and speedup added.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="One row per model, scheme, W and density.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG: step time, speedup and bytes per rank against W.")
+@scheme_options
+def bench_scaling(worlds, densities, models, schemes, no_baseline, iters, warmup, seed, no_memory, servers,
+                  timeout, emucluster_rate, out_dir, verbose, json_path, csv_path, plot_path, **scheme_opts) -> None:
+    """Sweep W and density: runs `mpisparse bench step -n W` per point, then one table and one plot.
+
+    Not an MPI job itself: run it as a plain command (in a SLURM batch
+    script too); each point is its own mpiexec job, bounded by --timeout.
+    """
+    from ..bench.runs import RunFailed, emucluster_status, scheme_option_args
+    from ..bench.scaling import plan_scaling, run_scaling
+    from ..launch import under_mpi_launcher
+
+    if under_mpi_launcher():
+        raise click.UsageError("bench scaling starts its own mpiexec jobs: run it as a plain command, "
+                               "not under mpiexec/srun")
+    schemes = tuple(dict.fromkeys(schemes))
+    per_scheme = pick_scheme_options(schemes, scheme_opts)
+    for m in models:  # each point's job checks its W; only the options given are passed on
+        for s in schemes:
+            for d in densities:
+                validated(BenchConfig(model=m, scheme=s, density=d, iters=iters, warmup=warmup, seed=seed,
+                                      memory=not no_memory, scheme_options=dict(per_scheme[s]),
+                                      servers=servers or 1), None)
+    check_plot(plot_path)
+    if emucluster_rate:
+        ok, why = emucluster_status()
+        if not ok:
+            raise click.UsageError(f"--emucluster: {why}")
+    given = {k: v for k, v in scheme_opts.items() if v is not None}
+    extra = scheme_option_args({"given": given}) + (["--no-memory"] if no_memory else [])
+    tmp = None
+    if out_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="mpisparse-scaling-")
+        out_dir = tmp.name
+    try:
+        points = plan_scaling(models=models, schemes=schemes, worlds=worlds, densities=densities, iters=iters,
+                              warmup=warmup, seed=seed, servers=servers, extra_options=extra, out_dir=out_dir,
+                              baseline=not no_baseline, emucluster_rate=emucluster_rate)
+        if not points:
+            raise click.UsageError("no point to run: every scheme needs more ranks than --worlds offers")
+        try:
+            results = run_scaling(points, timeout=timeout, echo=click.echo, stream=verbose)
+        except RunFailed as e:
+            raise click.ClickException(str(e)) from None
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    output.scaling_outputs(results, json_path, csv_path, plot_path)

@@ -1,0 +1,84 @@
+"""The ``mpisparse`` group and the console entry point: errors, and ending the whole MPI job on failure.
+
+Options are validated before MPI starts, so a bad value is one line on
+stderr and exit code 2, before any collective runs.  :func:`main` ends
+the whole MPI job when any rank raises (never a hang).  The commands are
+added to :data:`cli` by :mod:`mpisparse.cli`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+import click
+
+from .. import __version__
+from ..launch import env_rank
+from . import session
+
+__all__ = ["cli", "main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="mpisparse")
+def cli() -> None:
+    """Sparsified gradient communication over MPI: schemes, benchmarks, training.
+
+    Run any command on W ranks with `-n W` (spawns mpiexec) or under your own
+    launcher: `mpiexec -n W mpisparse ...`, `srun mpisparse ...`.
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: run the CLI; any failure ends the whole MPI job."""
+    session.ARGV[:] = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = cli.main(args=list(session.ARGV), prog_name="mpisparse", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.exceptions.Abort:
+        _fail(130, "mpisparse: aborted")
+    except click.ClickException as e:
+        # Before MPI starts every rank parses the same options: rank 0 speaks.
+        # Once MPI runs, the rank that raises speaks, then ends the job.
+        if _mpi_running():
+            # one write, so an abort from another rank cannot cut it in half;
+            # ranks other than 0 give rank 0 a moment to print and abort first
+            click.echo(f"mpisparse: rank {_mpi_rank()}: Error: {e.format_message()}", err=True)
+            if _mpi_rank() != 0:
+                time.sleep(1.0)
+        elif env_rank() == 0:
+            e.show()
+        _fail(e.exit_code)
+    except SystemExit as e:
+        code = e.code
+    except BaseException as e:  # noqa: BLE001 - every failure must end all ranks
+        rank = _mpi_rank()
+        msg = f"mpisparse: error on rank {rank}: {type(e).__name__}: {e}"
+        if os.environ.get("MPISPARSE_TRACEBACK"):
+            traceback.print_exc()
+        _fail(1, msg)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _mpi_running() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized()
+
+
+def _mpi_rank() -> int:
+    return sys.modules["mpi4py.MPI"].COMM_WORLD.Get_rank() if _mpi_running() else env_rank()
+
+
+def _fail(code: int, msg: str | None = None) -> None:
+    """Print ``msg`` and exit; abort the whole MPI job if MPI is running."""
+    if msg:
+        click.echo(msg, err=True)
+    sys.stderr.flush()
+    sys.stdout.flush()
+    if _mpi_running() and sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() > 1:
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
+    sys.exit(code)

@@ -1,0 +1,180 @@
+"""Option groups, value parsers and checks shared by the commands (nothing here starts MPI).
+
+Values are checked by the typed configurations (:mod:`mpisparse.config`);
+this module only parses the command line into them: click types for
+single values, the callbacks below for comma-separated lists, and the
+checks that are about the command line itself (an option that no chosen
+scheme takes).  :func:`validated` turns a configuration's ValueError into
+a usage error (exit 2, one line, before MPI starts).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import click
+
+from ..registry import SCHEMES, all_options, validate_density
+
+__all__ = ["SectionOption", "SectionedCommand", "check_plot", "cuda_aware_option", "density_list", "emucluster_rate",
+           "int_list", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated"]
+
+
+# --------------------------------------------------------------------------- help in sections
+class SectionOption(click.Option):
+    """An option shown under its own heading in ``--help`` (``section``; None: the common options)."""
+
+    def __init__(self, *args: Any, section: str | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.section = section
+
+
+class SectionedCommand(click.Command):
+    """A command whose ``--help`` lists the common options first, then one section per ``section``."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str | None, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                sections.setdefault(getattr(param, "section", None), []).append(record)
+        for name in [None] + sorted(k for k in sections if k is not None):
+            if name in sections:
+                with formatter.section(name or "Options"):
+                    formatter.write_dl(sections[name])
+
+
+# --------------------------------------------------------------------------- option groups
+def mpi_options(f: Callable) -> Callable:
+    """``-n`` and ``--timeout``, shared by every command that runs ranks."""
+    f = click.option("--timeout", type=click.IntRange(min=1), default=None, metavar="SECONDS",
+                     help="End the whole job after SECONDS (sets MPIEXEC_TIMEOUT / --timeout).")(f)
+    f = click.option("-n", "--np", "nprocs", type=click.IntRange(min=1), default=None, metavar="W",
+                     help="Run on W ranks: spawns `mpiexec -n W` unless already under MPI.")(f)
+    return f
+
+
+def cuda_aware_option(f: Callable) -> Callable:
+    """``--cuda-aware/--no-cuda-aware``: override the run-time probe (default: decided once, see `info`)."""
+    return click.option("--cuda-aware/--no-cuda-aware", "cuda_aware", default=None,
+                        help="Hand device buffers to MPI directly / stage them through pinned host memory "
+                             "[default: MPISPARSE_CUDA_AWARE, else the MPI library's answer checked by a probe].")(f)
+
+
+def scheme_options(f: Callable, exclude: tuple[str, ...] = ()) -> Callable:
+    """One click option per scheme option in the registry (defaults: None = unset).
+
+    Each is shown in ``--help`` under the schemes that declare it.  Names
+    in ``exclude`` belong to the command itself (``train --momentum``) and
+    are handed to the schemes that declare them by the command.
+    """
+    for name, (opt, owners) in sorted(all_options().items(), reverse=True):
+        if name in exclude:
+            continue
+        section = f"Options of {', '.join(owners)}"
+        help_text = opt.help.split(": ", 1)[-1]
+        if opt.kind is bool:
+            f = click.option(opt.flag, name, cls=SectionOption, section=section, is_flag=True, default=None,
+                             help=help_text)(f)
+        else:
+            f = click.option(opt.flag, name, cls=SectionOption, section=section,
+                             type=click.Choice(opt.choices) if opt.choices else opt.kind, default=None,
+                             help=help_text)(f)
+    return f
+
+
+# --------------------------------------------------------------------------- checks of the command line
+def usage(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """``fn(*args, **kw)``, its ValueError turned into a usage error (exit 2)."""
+    try:
+        return fn(*args, **kw)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
+def validated(cfg: Any, world: int | None) -> Any:
+    """``cfg.validate(world)`` (a :mod:`mpisparse.config` dataclass), as a usage error when it fails."""
+    return usage(cfg.validate, world)
+
+
+def pick_scheme_options(schemes: tuple[str, ...], given: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Split the set scheme options per scheme; an option no chosen scheme has is an error.
+
+    The values are checked by the configurations the options go into.
+    """
+    set_opts = {k: v for k, v in given.items() if v is not None}
+    per_scheme: dict[str, dict[str, Any]] = {}
+    for s in schemes:
+        names = {o.name for o in SCHEMES[s].options}
+        per_scheme[s] = {k: v for k, v in set_opts.items() if k in names}
+    orphans = [k for k in set_opts if not any(k in per_scheme[s] for s in schemes)]
+    if orphans:
+        owners = all_options()
+        k = orphans[0]
+        raise click.UsageError(
+            f"--{k.replace('_', '-')} is an option of {', '.join(owners[k][1])}, "
+            f"not of the chosen scheme{'s' if len(schemes) > 1 else ''} ({', '.join(schemes)})"
+        )
+    return per_scheme
+
+
+def check_plot(plot_path: str | None) -> None:
+    """``--plot`` needs matplotlib: say so before MPI starts."""
+    if plot_path:
+        from ..bench.report import check_plot_support
+
+        try:
+            check_plot_support()
+        except RuntimeError as e:
+            raise click.UsageError(str(e)) from None
+
+
+# --------------------------------------------------------------------------- list parsers (click callbacks)
+def int_list(ctx, param, value):
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: every world size must be >= 1")
+    return out
+
+
+def size_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        out = [int(float(v)) if "e" in v.lower() else int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter(f"{value!r}: every size must be >= 1")
+    return out
+
+
+def density_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        out = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of numbers") from None
+    try:
+        if not out:
+            raise ValueError("empty")
+        for d in out:
+            validate_density(d)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: every density must be in the allowed range (0, 1]") from None
+    return out
+
+
+def emucluster_rate(ctx, param, value: str) -> str:
+    """``reproduce --emucluster``: auto, off, or a link rate in tc's syntax."""
+    v = value.strip().lower()
+    if v in ("auto", "off"):
+        return v
+    if not re.fullmatch(r"\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)", v):
+        raise click.BadParameter(f"{value!r}: give auto, off, or a link rate in tc's syntax (e.g. 100mbit, 1gbit)")
+    return v

@@ -1,0 +1,128 @@
+"""``mpisparse train``: train a model across ranks with one or more schemes.
+
+One :class:`~mpisparse.config.TrainConfig` per scheme, validated before
+MPI starts and compared across ranks at start-up; the runtime that trains
+it is :func:`mpisparse.runtimes.train`'s choice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..config import DATASETS, TRAIN_MODELS, MPConfig, TrainConfig
+from ..registry import SCHEMES
+from ..runtimes import check_servers, schemes_of
+from . import output
+from .options import (SectionedCommand, cuda_aware_option, mpi_options, pick_scheme_options, scheme_options, usage,
+                      validated)
+from .session import agree_on_config, maybe_relaunch, open_comm
+
+__all__ = ["train"]
+
+
+def _split_after(text: str | None) -> list[str]:
+    from ..mp.config import parse_split_after
+
+    return usage(parse_split_after, text)
+
+
+@click.command(cls=SectionedCommand)
+@mpi_options
+@click.option("--model", type=click.Choice(TRAIN_MODELS), default="mlp",
+              show_default=True, help="Network (lstm is a word language model for --data text).")
+@click.option("--data", type=click.Choice(DATASETS), default="digits",
+              show_default=True, help="digits ships with scikit-learn (no download); cifar10/text read --data-dir.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="CIFAR-10 binary batches, or a text corpus (train.txt/valid.txt/test.txt or wiki.*.tokens).")
+@click.option("--scheme", "schemes", type=click.Choice(sorted(SCHEMES)), multiple=True, default=("dense",),
+              show_default=True, help="Scheme; repeat to train once with each and compare.")
+@click.option("--density", type=float, default=0.01, show_default=True,
+              help="Fraction of elements sent, in (0, 1].")
+@click.option("--epochs", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Per rank.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.1, show_default=True)
+@click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True,
+              help="SGD momentum, applied to the aggregated update (DGC applies it itself).")
+@click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0, show_default=True)
+@click.option("--bptt", type=click.IntRange(min=1), default=35, show_default=True, help="LM sequence length.")
+@click.option("--clip", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Clip the local gradient norm before exchange (0: off).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--no-memory", is_flag=True, help="Disable error feedback.")
+@click.option("--check-collectives", is_flag=True, help="Debug: verify every collective's counts and dtypes.")
+@click.option("--diagnostics", is_flag=True,
+              help="Per-step diagnostics into the JSON (error norm, scheme-specific; extra communication).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Result object (a list with several --scheme).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Per-step log (rank 0's loss, bytes, density, times).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="PNG of loss and accuracy against iterations and wall-clock time.")
+@click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False), default=None,
+              help="Write a checkpoint here after every epoch (and on SIGUSR1).")
+@click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
+@click.option("--mp-stages", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pipeline (model-parallel) stages S; -n W runs W/S data-parallel replicas of the pipeline.")
+@click.option("--split-after", default=None, metavar="LAYER[,LAYER...]",
+              help="Split after these layers (S-1 names, e.g. net.2); default: balance parameter counts.")
+@click.option("--micro-batches", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pipeline micro-batches per batch (GPipe schedule).")
+@click.option("--dp-scheme", type=click.Choice(schemes_of("collective")),
+              default=None, help="With --mp-stages: data-parallel scheme inside each stage's replica group [dense].")
+@click.option("--dp-density", type=float, default=None,
+              help="With --mp-stages: --density of the --dp-scheme [--density].")
+@click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
+              help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")
+@(lambda f: scheme_options(f, exclude=("momentum",)))
+@cuda_aware_option
+def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,
+          weight_decay, bptt, clip, seed, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
+          checkpoint_dir, resume, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
+          cuda_aware=None, **scheme_opts) -> None:
+    """Train a model across ranks with one or more schemes; print where the time goes.
+
+    With --mp-stages S the model is split into S pipeline stages; --scheme
+    is then how activations cross them (dense, or dct-mp) and --dp-scheme
+    runs inside each stage's group of W/S replicas.
+    """
+    schemes = tuple(dict.fromkeys(schemes))
+    per_scheme = pick_scheme_options(tuple(dict.fromkeys(schemes + ((dp_scheme,) if dp_scheme else ()))),
+                                     scheme_opts)
+    split_names = _split_after(split_after)
+    pipeline = (mp_stages > 1 or bool(split_names) or micro_batches != 1 or dp_scheme is not None
+                or dp_density is not None)
+    servers = usage(check_servers, schemes, servers)
+    cfgs = []
+    for s in schemes:
+        mp_cfg = (MPConfig(stages=mp_stages, split_after=list(split_names), micro_batches=micro_batches,
+                           dp_scheme=dp_scheme or "dense", dp_density=dp_density,
+                           dp_options=dict(per_scheme.get(dp_scheme or "dense", {}))) if pipeline else None)
+        cfg = TrainConfig(model=model, data=data, data_dir=data_dir, scheme=s, density=density, epochs=epochs,
+                          batch_size=batch_size, lr=lr, momentum=momentum, weight_decay=weight_decay, bptt=bptt,
+                          clip=clip, seed=seed, memory=not no_memory,
+                          checkpoint=None if checkpoint_dir is None else
+                          (checkpoint_dir if len(schemes) == 1 else str(Path(checkpoint_dir) / s)),
+                          resume=resume, scheme_options=dict(per_scheme[s]),
+                          diagnostics=diagnostics, servers=servers, mp=mp_cfg)
+        cfgs.append(validated(cfg, nprocs))
+    maybe_relaunch(nprocs, timeout)
+
+    from ..runtimes import train as run_train
+
+    comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
+    agree_on_config(comm, cfgs)
+    log = output.train_log(comm, csv_path, resume)
+    steps: dict[str, list] = {}
+    results = []
+    for cfg in cfgs:
+        s = cfg.scheme
+        step_log = output.train_step_log(comm, steps, log, s)
+        output.print_train_header(comm, s, model, data, density, epochs)
+        res = run_train(comm, cfg, progress=output.train_progress(comm), step_log=step_log)
+        results.append(res)
+        if comm.rank == 0:
+            output.print_train_result(s, res)
+    if comm.rank == 0:
+        output.finish_train(results, steps, log, json_path, plot_path)

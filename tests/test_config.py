@@ -1,0 +1,75 @@
+"""The typed configurations: one validation per field, the runtime's checks, the agreement across ranks (no MPI)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from mpisparse.cli import cli
+from mpisparse.config import BenchConfig, ConfigMismatch, MPConfig, TrainConfig, check_agreement
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"density": 0.0}, "--density 0.0 is not in the allowed range (0, 1]"),
+    ({"density": float("inf")}, "--density inf is not in the allowed range (0, 1]"),
+    ({"epochs": 0}, "--epochs is 0; allowed range is an integer >= 1"),
+    ({"lr": float("nan")}, "--lr is nan; allowed range is (0, inf)"),
+    ({"momentum": 1.0}, "--momentum is 1.0; allowed range is [0, 1)"),
+    ({"model": "alexnet"}, "--model is 'alexnet'; allowed values are"),
+    ({"model": "lstm"}, "--model lstm does not fit --data digits"),
+    ({"resume": True}, "--resume needs --checkpoint DIR"),
+    ({"scheme": "nope"}, "--scheme: unknown scheme 'nope'"),
+    ({"scheme": "topk", "scheme_options": {"lifespan": 3}}, "scheme 'topk' has no option --lifespan"),
+    ({"scheme": "slimdp", "density": 0.3, "scheme_options": {"core": 0.5}}, "--core is 0.5; the core is part"),
+    ({"scheme": "dct-mp"}, "it needs --mp-stages S with S >= 2, got 1"),
+    ({"mp": MPConfig(stages=2, dp_density=2.0)}, "--dp-density 2.0 is not in the allowed range (0, 1]"),
+    ({"mp": MPConfig(stages=1, micro_batches=2)}, "--micro-batches only apply to pipeline runs"),
+])
+def test_train_config_names_the_bad_value(kw, message):
+    with pytest.raises(ValueError) as e:
+        TrainConfig(**kw).validate()
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_validate_fills_the_option_defaults_and_checks_the_world():
+    cfg = TrainConfig(scheme="threshold").validate(world=2)
+    assert cfg.scheme_options == {"threshold": None}  # the declared default, filled in
+    with pytest.raises(ValueError, match="scheme 'slimdp' needs at least 2 ranks; -n is 1"):
+        TrainConfig(scheme="slimdp").validate(world=1)
+    with pytest.raises(ValueError, match="--servers 2 leaves no worker among 2 ranks"):
+        BenchConfig(model="ncf", scheme="dgs", servers=2).validate(world=2)
+    with pytest.raises(ValueError, match="sparsifies activations between pipeline stages"):
+        BenchConfig(model="ncf", scheme="dct-mp").validate()
+    assert BenchConfig(model="ncf", scheme="topk").validate(world=4).scheme_options == {"layerwise": False}
+
+
+class FakeComm:
+    """``allgather_obj`` of a world whose other ranks hold ``others``."""
+
+    def __init__(self, others):
+        self.others = others
+
+    def allgather_obj(self, obj):
+        return [obj, *self.others]
+
+
+def test_agreement_compares_every_field_but_the_per_rank_ones():
+    from dataclasses import asdict
+
+    mine = [TrainConfig(scheme="topk"), TrainConfig(scheme="dense")]
+    same = [{k: v for k, v in asdict(c).items() if k != "data_dir"} for c in mine]
+    check_agreement(FakeComm([same]), mine)
+    other = [dict(c, bptt=12) for c in same]  # a field no hand-picked list held
+    with pytest.raises(ConfigMismatch, match=r"^ranks disagree on the configuration: bptt: rank 0 has 35, "
+                                             r"rank 1 has 12$"):
+        check_agreement(FakeComm([other]), mine)
+    with pytest.raises(ConfigMismatch, match="schemes: rank 0 has"):
+        check_agreement(FakeComm([same[:1]]), mine)
+
+
+def test_help_shows_common_options_first_then_one_section_per_scheme():
+    for cmd in (["train"], ["bench", "step"], ["bench", "exchange"]):
+        out = CliRunner().invoke(cli, [*cmd, "--help"]).output
+        assert out.index("Options:") < out.index("--density") < out.index("Options of topk:") \
+            < out.index("--layerwise"), out
+        assert "Options of asgd, dgs:" in out and "--round-robin" in out
