@@ -53,12 +53,40 @@ def mpi_flavor() -> str:
     mpi4py.rc.initialize = False
     from mpi4py import MPI
 
-    text = MPI.Get_library_version().lower()
-    if "open mpi" in text:
+    return flavor_of_version_text(MPI.Get_library_version())
+
+
+def flavor_of_version_text(text: str) -> str:
+    """``"openmpi"``, ``"mpich"`` or ``"other"`` from an MPI library's or launcher's version text."""
+    text = text.lower()
+    if "open mpi" in text or "open-rte" in text or "prrte" in text:
         return "openmpi"
-    if "mpich" in text or "intel(r) mpi" in text or "mvapich" in text:
+    if "hydra" in text or "mpich" in text or "intel(r) mpi" in text or "mvapich" in text:
         return "mpich"
     return "other"
+
+
+_LAUNCHER_FLAVORS: dict[str, str] = {}
+
+
+def launcher_flavor(mpiexec: str) -> str:
+    """The flavour of the ``mpiexec`` that will start the job, from its ``--version``.
+
+    The launcher decides which options are understood (``--oversubscribe``,
+    ``--allow-run-as-root`` are Open MPI's; Hydra rejects them), and it can
+    come from another MPI than the library mpi4py loaded.  Falls back to
+    the library's flavour (:func:`mpi_flavor`) when the launcher says nothing
+    recognisable.
+    """
+    if mpiexec not in _LAUNCHER_FLAVORS:
+        try:
+            out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20,
+                                 stdin=subprocess.DEVNULL)
+            flavor = flavor_of_version_text(out.stdout + out.stderr)
+        except (OSError, subprocess.SubprocessError):
+            flavor = "other"
+        _LAUNCHER_FLAVORS[mpiexec] = flavor if flavor != "other" else mpi_flavor()
+    return _LAUNCHER_FLAVORS[mpiexec]
 
 
 def find_mpiexec(env: Mapping[str, str] = os.environ) -> str:
@@ -77,6 +105,11 @@ def find_mpiexec(env: Mapping[str, str] = os.environ) -> str:
     return found
 
 
+def has_remote_shell() -> bool:
+    """Whether ``ssh`` or ``rsh`` is on PATH (Open MPI's launcher wants one)."""
+    return bool(shutil.which("ssh") or shutil.which("rsh"))
+
+
 @dataclass
 class LaunchPlan:
     argv: list[str]
@@ -85,14 +118,16 @@ class LaunchPlan:
 
 def build_mpiexec_command(n: int, args: Sequence[str], *, mpiexec: str = "mpiexec",
                           python: str = sys.executable, flavor: str = "mpich",
-                          as_root: bool = False, timeout: int | None = None) -> LaunchPlan:
+                          as_root: bool = False, timeout: int | None = None,
+                          remote_shell: bool = True) -> LaunchPlan:
     """The command that runs ``mpisparse ARGS`` on ``n`` ranks.
 
     Open MPI refuses to run as root without ``--allow-run-as-root`` and more
     ranks than cores without ``--oversubscribe``; MPICH's Hydra needs
     neither.  ``timeout`` bounds the whole job (``MPIEXEC_TIMEOUT`` for Hydra,
     ``--timeout`` for Open MPI).  Ranks run ``python -m mpisparse``, which
-    aborts the whole job when any rank raises.
+    aborts the whole job when any rank raises.  ``remote_shell`` False (no
+    ``ssh``/``rsh`` on this machine) empties Open MPI's remote-shell agent.
     """
     if n < 1:
         raise ValueError(f"-n is {n}; the number of ranks must be >= 1")
@@ -104,6 +139,11 @@ def build_mpiexec_command(n: int, args: Sequence[str], *, mpiexec: str = "mpiexe
         argv.append("--oversubscribe")
         if timeout:
             argv += ["--timeout", str(int(timeout))]
+        if not remote_shell:
+            # no ssh/rsh (a container): Open MPI's rsh launcher fails at start-up even for a
+            # job on this one host unless its agent is empty
+            env["OMPI_MCA_plm_rsh_agent"] = ""
+            env["PRTE_MCA_plm_ssh_agent"] = ""
     elif timeout:
         env["MPIEXEC_TIMEOUT"] = str(int(timeout))
     argv += [python, "-m", "mpisparse", *args]
@@ -112,11 +152,14 @@ def build_mpiexec_command(n: int, args: Sequence[str], *, mpiexec: str = "mpiexe
 
 def relaunch(n: int, args: Sequence[str], *, timeout: int | None = None) -> int:
     """Run ``mpisparse ARGS`` under ``mpiexec -n n``; returns its exit code."""
+    mpiexec = find_mpiexec()
     plan = build_mpiexec_command(
-        n, args, mpiexec=find_mpiexec(), flavor=mpi_flavor(),
+        n, args, mpiexec=mpiexec, flavor=launcher_flavor(mpiexec),
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0, timeout=timeout,
+        remote_shell=has_remote_shell(),
     )
-    env = dict(os.environ, **plan.env, MPISPARSE_SPAWNED="1")
+    # a value the user set for the agent wins
+    env = dict(os.environ, **{k: v for k, v in plan.env.items() if k not in os.environ}, MPISPARSE_SPAWNED="1")
     try:
         return subprocess.call(plan.argv, env=env)
     except KeyboardInterrupt:

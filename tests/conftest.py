@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mpisparse.launch import build_mpiexec_command, find_mpiexec, mpi_flavor
+from mpisparse.launch import build_mpiexec_command, find_mpiexec, has_remote_shell, launcher_flavor
 
 HERE = Path(__file__).parent
 MPI_TIMEOUT = int(os.environ.get("MPISPARSE_TEST_MPI_TIMEOUT", "120"))
@@ -25,8 +25,9 @@ MPI_TIMEOUT = int(os.environ.get("MPISPARSE_TEST_MPI_TIMEOUT", "120"))
 def mpi_run(n: int, args: list[str], *, module: bool = False, timeout: int = MPI_TIMEOUT,
             env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """Run ``python SCRIPT args`` (or ``python -m mpisparse args``) on ``n`` ranks, bounded in time."""
-    plan = build_mpiexec_command(n, [], mpiexec=find_mpiexec(), flavor=mpi_flavor(),
-                                 as_root=os.geteuid() == 0, timeout=timeout)
+    mpiexec = find_mpiexec()
+    plan = build_mpiexec_command(n, [], mpiexec=mpiexec, flavor=launcher_flavor(mpiexec),
+                                 as_root=os.geteuid() == 0, timeout=timeout, remote_shell=has_remote_shell())
     argv = plan.argv[: plan.argv.index(sys.executable)]
     # scripts run under ``python -m mpi4py`` so an exception on one rank aborts the job
     argv += [sys.executable, "-m", "mpisparse", *args] if module else [sys.executable, "-m", "mpi4py", *args]
@@ -40,6 +41,17 @@ def mpi_run(n: int, args: list[str], *, module: bool = False, timeout: int = MPI
         raise AssertionError(f"MPI job failed ({proc.returncode}): {' '.join(argv)}\n"
                              f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
     return proc
+
+
+def mpiexec_prefix(timeout: int = MPI_TIMEOUT) -> tuple[list[str], dict[str, str]]:
+    """``mpiexec`` and its launcher's options (root, oversubscription, time bound), without ``-n``,
+    for tests that write their own command line (MPMD, plain python); plus the environment to add."""
+    mpiexec = find_mpiexec()
+    plan = build_mpiexec_command(1, [], mpiexec=mpiexec, flavor=launcher_flavor(mpiexec),
+                                 as_root=os.geteuid() == 0, timeout=timeout, remote_shell=has_remote_shell())
+    argv = plan.argv[: plan.argv.index(sys.executable)]
+    del argv[1:3]  # "-n", "1"
+    return argv, dict(plan.env)
 
 
 def mpi_script(name: str) -> str:

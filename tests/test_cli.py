@@ -13,7 +13,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from conftest import HERE, mpi_run
+from conftest import HERE, mpi_run, mpiexec_prefix
 from mpisparse.cli import cli
 from mpisparse.launch import build_mpiexec_command, env_rank, under_mpi_launcher
 
@@ -120,13 +120,12 @@ def test_under_mpiexec_the_same_command_works_and_checks_n(tmp_path):
 @pytest.mark.mpi
 def test_ranks_with_different_configurations_fail_on_start(tmp_path):
     """MPMD launch: rank 0 and rank 1 get different --density."""
-    from mpisparse.launch import find_mpiexec
-
+    prefix, env = mpiexec_prefix(60)
     args = ["-m", "mpisparse", "bench", "step", "--model", "ncf", "--iters", "1", "--density"]
-    cmd = [find_mpiexec(), "-n", "1", sys.executable, *args, "0.01", ":", "-n", "1", sys.executable, *args, "0.02"]
+    cmd = [*prefix, "-n", "1", sys.executable, *args, "0.01", ":", "-n", "1", sys.executable, *args, "0.02"]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=HERE.parent,
-                       env=dict(os.environ, MPIEXEC_TIMEOUT="60"))
+                       env=dict(os.environ, **env))
     assert p.returncode != 0
     assert "ranks disagree on the configuration: density: rank 0 has 0.01, rank 1 has 0.02" in p.stderr
     assert time.time() - t0 < 60
@@ -156,12 +155,49 @@ def test_info_reports_mpi_and_world_size(tmp_path):
 @pytest.mark.mpi
 def test_a_rank_that_raises_ends_the_job_without_mpi4py_run():
     """The console entry point aborts by itself (no ``python -m mpi4py``)."""
-    from mpisparse.launch import find_mpiexec
-
+    prefix, env = mpiexec_prefix(60)
     t0 = time.time()
-    p = subprocess.run([find_mpiexec(), "-n", "2", sys.executable, str(HERE / "mpi" / "raise_on_rank.py"), "0"],
+    p = subprocess.run([*prefix, "-n", "2", sys.executable, str(HERE / "mpi" / "raise_on_rank.py"), "0"],
                        capture_output=True, text=True, timeout=90, cwd=HERE.parent,
-                       env=dict(os.environ, MPIEXEC_TIMEOUT="60", PYTHONPATH=str(HERE.parent)))
+                       env=dict(os.environ, **env, PYTHONPATH=str(HERE.parent)))
     assert p.returncode != 0
     assert "error on rank 0: RuntimeError: injected failure on rank 0" in p.stderr
     assert time.time() - t0 < 30
+
+
+# --------------------------------------------------------------------------- launcher flavour
+@pytest.mark.parametrize("text,flavor", [
+    ("mpiexec (Open MPI) 5.0.11\n\nReport bugs to ...", "openmpi"),
+    ("mpirun (Open MPI) 4.1.6", "openmpi"),
+    ("HYDRA build details:\n    Version: 5.0.2", "mpich"),
+    ("Intel(R) MPI Library for Linux* OS, Version 2021.10", "mpich"),
+    ("something else entirely", "other"),
+])
+def test_flavor_is_read_from_version_text(text, flavor):
+    from mpisparse.launch import flavor_of_version_text
+
+    assert flavor_of_version_text(text) == flavor
+
+
+def test_launcher_flavor_comes_from_the_mpiexec_used_not_the_library(tmp_path):
+    """An Open MPI mpiexec in front of an MPICH library (or the reverse) gets its own options."""
+    from mpisparse.launch import launcher_flavor, mpi_flavor
+
+    fake = tmp_path / "mpiexec"
+    other = "mpich" if mpi_flavor() == "openmpi" else "openmpi"
+    banner = "HYDRA build details:" if other == "mpich" else "mpiexec (Open MPI) 5.0.11"
+    fake.write_text(f"#!/bin/sh\necho '{banner}'\n")
+    fake.chmod(0o755)
+    assert launcher_flavor(str(fake)) == other
+    plan = build_mpiexec_command(2, ["info"], mpiexec=str(fake), python="py", flavor=launcher_flavor(str(fake)),
+                                 as_root=True)
+    assert ("--allow-run-as-root" in plan.argv) == (other == "openmpi")
+
+
+def test_open_mpi_without_a_remote_shell_gets_an_empty_agent():
+    plan = build_mpiexec_command(2, ["info"], mpiexec="mpirun", python="py", flavor="openmpi", remote_shell=False)
+    assert plan.env["OMPI_MCA_plm_rsh_agent"] == ""
+    with_ssh = build_mpiexec_command(2, ["info"], mpiexec="mpirun", python="py", flavor="openmpi")
+    assert "OMPI_MCA_plm_rsh_agent" not in with_ssh.env
+    hydra = build_mpiexec_command(2, ["info"], mpiexec="mpiexec", python="py", flavor="mpich", remote_shell=False)
+    assert hydra.env == {}

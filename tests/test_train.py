@@ -14,8 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import HERE, mpi_run, mpi_script  # noqa: E402
-from mpisparse.launch import find_mpiexec  # noqa: E402
+from conftest import HERE, mpi_run, mpi_script, mpiexec_prefix  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -74,8 +73,9 @@ def test_kill_during_training_then_resume_equals_uninterrupted(tmp_path):
     ck = tmp_path / "ck"
     args = [*QUICK, "--scheme", "topk", "--epochs", "6", "--batch-size", "16"]
     _, full = train(tmp_path, "full", *args[len(QUICK):])
-    env = dict(os.environ, MPIEXEC_TIMEOUT="120", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([find_mpiexec(), "-n", "2", sys.executable, "-m", "mpisparse", "train", *args,
+    prefix, launch_env = mpiexec_prefix(120)
+    env = dict(os.environ, **launch_env, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([*prefix, "-n", "2", sys.executable, "-m", "mpisparse", "train", *args,
                              "--checkpoint", str(ck)], cwd=HERE.parent, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
