@@ -9,7 +9,6 @@ the whole MPI job when any rank raises (never a hang).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -23,6 +22,7 @@ import click
 from . import __version__
 from .launch import env_rank, relaunch, under_mpi_launcher
 from .models.shapes import model_names
+from .results import write_json
 from .schemes import SCHEMES, all_options, scheme_class
 
 _ARGV: list[str] = []  # the command line this process was started with (re-used by -n)
@@ -149,12 +149,6 @@ def _check_ps(schemes, servers, nprocs, density, per_scheme, checkpoint: bool = 
         raise click.UsageError(str(e)) from None
 
 
-def write_json(path: str | None, obj: Any) -> None:
-    if path is None:
-        return
-    tmp = Path(path).with_suffix(Path(path).suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- commands
@@ -240,8 +234,8 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
     maybe_relaunch(nprocs, timeout)
 
     from .config import BenchConfig
+    from .results import format_comparison, format_run, write_results
     from .runtimes import bench_step
-    from .timing import format_table
 
     comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
     agree_on_config(comm, {"model": model, "schemes": list(schemes), "density": density, "iters": iters,
@@ -255,25 +249,12 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
         res = bench_step(comm, cfg, progress=_progress(comm, f"{s}: step"))
         results.append(res)
         if comm.rank == 0:
-            click.echo(format_table(
-                f"\n{s} on {model} ({res['n']:,} elements, {res['layers']} layers), "
-                f"W={res['world_size']}, density {density:g}",
-                {**{k: {"mean": res["phases_mean_over_ranks"][k], "max": v} for k, v in res["phases"].items()},
-                 "step": {"mean": res["step_seconds_mean_over_ranks"], "max": res["step_seconds"]}},
-                {"density_actual": f"{res['density_actual']:.6f}",
-                 "bytes/rank/step": f"{res['bytes_sent_per_rank']:,.0f}",
-                 "peak RSS/rank": f"{res['peak_rss_bytes_per_rank'] / 2**20:,.0f} MiB "
-                                  f"({res['peak_rss_bytes_per_rank'] / res['gradient_buffer_bytes']:.1f}x buffer)"},
-            ))
-            if "ps_mode" in res:
-                from .ps.results import format_ps_report
-
-                click.echo(format_ps_report(res))
+            click.echo(format_run(res, "bench step"))
     if comm.rank == 0:
         if len(results) > 1:
             click.echo("\n" + format_comparison(results))
-        write_json(json_path, results[0] if len(results) == 1 else results)
-        _step_outputs(results, csv_path, plot_path)
+        write_results(results, command="bench step", json_path=json_path, csv_path=csv_path, plot_path=plot_path,
+                      echo=click.echo)
 
 
 def _check_plot(plot_path: str | None) -> None:
@@ -285,19 +266,6 @@ def _check_plot(plot_path: str | None) -> None:
             check_plot_support()
         except RuntimeError as e:
             raise click.UsageError(str(e)) from None
-
-
-def _step_outputs(results: list[dict[str, Any]], csv_path: str | None, plot_path: str | None) -> None:
-    """``bench step --csv/--plot`` (rank 0)."""
-    from .bench.report import plot_phase_bars, result_row, write_csv
-
-    if csv_path:
-        write_csv(csv_path, [result_row(r) for r in results])
-    if plot_path:
-        r0 = results[0]
-        plot_phase_bars(plot_path, results, title=f"{r0['config'].get('model', '')}, W={r0['world_size']}, "
-                                                  f"density {r0['density_target']:g}")
-        click.echo(f"plot written to {plot_path}")
 
 
 def _int_list(ctx, param, value):
@@ -436,11 +404,6 @@ def _select_outputs(mode: str, results: list[dict[str, Any]], json_path, csv_pat
     select_outputs(mode, results, csv_path, plot_path, echo=click.echo)
 
 
-TRAIN_PHASES = ("forward", "backward", "send_activations", "send_gradients", "wait", "compensate", "select",
-                "exchange_indices", "exchange_values", "update")
-_OPTIONAL_TRAIN_PHASES = ("wait", "send_activations", "send_gradients")  # printed when measured
-
-
 @cli.command()
 @mpi_options
 @click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18", "lstm", "dlrm"]), default="mlp",
@@ -532,10 +495,9 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
     servers = _check_ps(schemes, servers, nprocs, density, per_scheme, checkpoint=bool(checkpoint_dir or resume))
     maybe_relaunch(nprocs, timeout)
 
-    from .timing import format_table
     from .config import TrainConfig
+    from .results import CsvLog, format_run, format_train_comparison, write_results
     from .runtimes import train as run_train
-    from .train.output import CsvLog, plot_history
 
     comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
     agree_on_config(comm, {"model": model, "data": data, "schemes": list(schemes), "density": density,
@@ -565,50 +527,14 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
         res = run_train(comm, cfg, progress=_train_progress(comm), step_log=step_log if comm.rank == 0 else None)
         results.append(res)
         if comm.rank == 0:
-            final = res["metrics"]["final"]
-            extra = {"density_actual": f"{res['density_actual']:.6f}",
-                     "bytes/rank/step": f"{res['bytes_sent_per_rank']:,.0f}",
-                     "skipped steps": str(res["skipped_steps"]),
-                     "train loss": f"{final.get('train_loss', float('nan')):.4f}",
-                     "test loss": f"{final.get('test_loss', float('nan')):.4f}"}
-            if "test_accuracy" in final:
-                extra["test accuracy"] = f"{100 * final['test_accuracy']:.2f}%"
-            if "test_perplexity" in final:
-                extra["test perplexity"] = f"{final['test_perplexity']:.2f}"
-            if "mp" in res:
-                from .mp.report import mp_summary
-
-                extra.update(mp_summary(res))
-            click.echo(format_table(
-                f"{s}: per-phase time per step (ms), {res['n']:,} parameters",
-                {**{k: {"mean": res["phases_mean_over_ranks"].get(k, 0.0), "max": res["phases"].get(k, 0.0)}
-                    for k in (TRAIN_PHASES if "ps_mode" not in res else tuple(res["phases"]))
-                    if k in res["phases"] or ("mp" not in res and k not in _OPTIONAL_TRAIN_PHASES)},
-                 "step": {"mean": res["step_seconds_mean_over_ranks"], "max": res["step_seconds"]}},
-                extra))
-            if "ps_mode" in res:
-                from .ps.results import format_ps_report
-
-                click.echo(format_ps_report(res))
+            click.echo(format_run(res, "train"))
     if comm.rank == 0:
         if len(results) > 1:
             click.echo("\n" + format_train_comparison(results))
-        write_json(json_path, results[0] if len(results) == 1 else results)
         if log is not None:
             log.close()
-        if plot_path:
-            plot_history(results, steps, plot_path)
-            click.echo(f"plot written to {plot_path}")
-
-
-def format_train_comparison(results: list[dict[str, Any]]) -> str:
-    lines = [f"{'scheme':<12}{'test acc':>10}{'test loss':>11}{'step ms':>10}{'bytes/rank':>14}{'density':>10}"]
-    for r in results:
-        f = r["metrics"]["final"]
-        acc = f"{100 * f['test_accuracy']:.2f}%" if "test_accuracy" in f else f"ppl {f.get('test_perplexity', 0):.1f}"
-        lines.append(f"{r['scheme']:<12}{acc:>10}{f.get('test_loss', float('nan')):>11.4f}"
-                     f"{r['step_seconds'] * 1e3:>10.2f}{r['bytes_sent_per_rank']:>14,.0f}{r['density_actual']:>10.5f}")
-    return "\n".join(lines)
+        write_results(results, command="train", json_path=json_path, plot_path=plot_path, steps=steps,
+                      echo=click.echo)
 
 
 def _train_progress(comm):
@@ -628,17 +554,6 @@ def _train_progress(comm):
             click.echo(msg)
 
     return report
-
-
-def format_comparison(results: list[dict[str, Any]]) -> str:
-    base = results[0]
-    lines = [f"{'scheme':<12}{'step ms':>10}{'speedup':>9}{'bytes/rank':>14}{'density':>10}"]
-    for r in results:
-        lines.append(f"{r['scheme']:<12}{r['step_seconds'] * 1e3:>10.2f}"
-                     f"{base['step_seconds'] / r['step_seconds']:>8.2f}x"
-                     f"{r['bytes_sent_per_rank']:>14,.0f}{r['density_actual']:>10.5f}")
-    lines.append(f"(speedup relative to {base['scheme']}; times are the slowest rank's)")
-    return "\n".join(lines)
 
 
 def _progress(comm, label: str):
