@@ -46,7 +46,7 @@ from ..results import RunResult
 from ..results.build import timing_fields
 from ..timing import PHASES, PhaseTimer, reduce_over_ranks
 from ..torch import DistributedOptimizer
-from ..train.core import LoopState, StepOutcome, TrainStep, run_loop
+from ..train.core import LoopState, StepOutcome, TrainStep, mean_over_ranks, run_loop
 from .config import MPConfig
 from .link import ActivationLink
 from .partition import pipeline_layers, plan_stages, stage_module
@@ -244,9 +244,8 @@ class MPTrainer(TrainStep):
         return replace(out, loss=self.pipe.bcast_obj(out.loss, root=self.mp.stages - 1))
 
     def epoch_loss(self, losses: list[float]) -> float:
-        mine = losses if self.last else []  # the last stage of each replica counts its batches once
-        loss_sum, loss_count = self.comm.allreduce(np.array([sum(mine), len(mine)], dtype=np.float64))
-        return float(loss_sum / max(loss_count, 1.0))
+        # the last stage of each replica counts its batches, once
+        return mean_over_ranks(self.comm, losses if self.last else [])
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         return self.evaluate_batches(self.test_batches)

@@ -112,7 +112,7 @@ class RunResult:
         servers; a server's phases are per push served), ``setup_bytes``,
         ``get_bytes``, ``final_bytes`` (not part of any communication) and,
         in ``train``, ``worker_extra`` (per worker, e.g. DGS's
-        ``final_gap``).  The table of :func:`mpisparse.ps.results.gather_ps_result`.
+        ``final_gap``).  Built by :func:`mpisparse.ps.results.gather_ps_result`.
     ``mp`` (pipeline; the ``mp`` key)
         ``stages``, ``replicas``, ``micro_batches``, ``threshold``, the
         split (``split_after``, ``cuts``, ``stage_parameters``, ...),

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["LoopState", "Preempted", "StepOutcome", "TrainStep", "epoch_line", "run_loop"]
+__all__ = ["LoopState", "Preempted", "StepOutcome", "TrainStep", "epoch_line", "mean_over_ranks", "run_loop"]
 
 Progress = Callable[[str | None], None]
 
@@ -128,8 +128,6 @@ class LoopState:
     #: this run's (not a resumed run's earlier) bytes per step and selected elements per counted step
     step_bytes: list[int] = field(default_factory=list)
     selected: list[float] = field(default_factory=list)
-    #: per-step extras the step object appends (e.g. diagnostics)
-    per_step: list[dict[str, Any]] = field(default_factory=list)
 
     def metrics(self) -> dict[str, Any]:
         """The result's ``metrics``: the last epoch's record and all of them."""
@@ -169,6 +167,12 @@ class _Signals:
 def _agree_flag(comm, flag: bool) -> bool:
     """True on every rank when any rank's flag is set (ranks see a signal at different steps)."""
     return bool(comm.allreduce(np.array([int(flag)], np.int32), op="max")[0])
+
+
+def mean_over_ranks(comm, values: Sequence[float]) -> float:
+    """The mean of every rank's ``values`` together (a collective; 0 when no rank has any)."""
+    total, count = comm.allreduce(np.array([sum(values), len(values)], dtype=np.float64))
+    return float(total / max(count, 1.0))
 
 
 def epoch_line(r: dict[str, Any], epochs: int) -> str:

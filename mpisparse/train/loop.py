@@ -28,7 +28,9 @@ from ..config import TrainConfig
 from ..results.build import collective_result
 from ..timing import PhaseTimer
 from ..torch import DistributedOptimizer
-from .core import LoopState, Preempted, StepOutcome, TrainStep, run_loop
+from .core import LoopState, Preempted, StepOutcome, TrainStep, mean_over_ranks, run_loop
+
+__all__ = ["CollectiveStep", "ModelStep", "Preempted", "evaluate", "run_training", "seeded_setup"]
 
 
 def _reduce_sums(comm, values: list[float]) -> np.ndarray:
@@ -166,8 +168,7 @@ class CollectiveStep(ModelStep):
         return out
 
     def epoch_loss(self, losses: list[float]) -> float:
-        loss_sum, loss_count = _reduce_sums(self.comm, [sum(losses), len(losses)])
-        return float(loss_sum / max(loss_count, 1.0))
+        return mean_over_ranks(self.comm, losses)
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         return evaluate(self.model, self.test_batches, self.comm, self.lm)
@@ -203,5 +204,3 @@ def run_training(comm, cfg: TrainConfig, *, progress: Callable[[str | None], Non
     """Train with ``cfg`` on every rank of ``comm``; returns the :class:`~mpisparse.results.RunResult`."""
     return run_loop(comm, cfg, CollectiveStep(comm, cfg), progress=progress, step_log=step_log)
 
-
-__all__ = ["CollectiveStep", "ModelStep", "Preempted", "evaluate", "run_training", "seeded_setup"]
