@@ -149,8 +149,6 @@ def _check_ps(schemes, servers, nprocs, density, per_scheme, checkpoint: bool = 
         raise click.UsageError(str(e)) from None
 
 
-
-
 # --------------------------------------------------------------------------- commands
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="mpisparse")
