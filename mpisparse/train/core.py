@@ -123,6 +123,8 @@ class LoopState:
     #: steps done (skipped ones included), over the whole run (a resumed run counts on)
     iteration: int = 0
     skipped: int = 0
+    #: this rank's batch losses of the current epoch so far (checkpointed mid-epoch)
+    losses: list[float] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
     wall_offset: float = 0.0
     #: this run's (not a resumed run's earlier) bytes per step and selected elements per counted step
@@ -194,6 +196,7 @@ def _resume(comm, cfg, step: TrainStep, loop: LoopState) -> None:
     step.load_state(common, mine)
     pos = common["loop"]
     loop.epoch, loop.batch, loop.iteration, loop.skipped = pos["epoch"], pos["batch"], pos["iteration"], pos["skipped"]
+    loop.losses = list(mine["loop_losses"]) if mine is not None else []  # another world size: a partial epoch
     loop.history = common["history"]
     loop.wall_offset = common["wall_seconds"]
 
@@ -205,6 +208,7 @@ def _save(comm, cfg, step: TrainStep, loop: LoopState, epoch: int, batch: int, w
     common = {**common, "loop": {"epoch": epoch, "batch": batch, "iteration": loop.iteration,
                                  "skipped": loop.skipped},
               "history": loop.history, "wall_seconds": wall, "config": asdict(cfg)}
+    mine = {**mine, "loop_losses": loop.losses if batch else []}
     checkpoint.save(cfg.checkpoint, comm, loop.iteration, common, mine)
 
 
@@ -233,7 +237,9 @@ def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
 
     with _Signals() as signals:
         for epoch in range(start_epoch, cfg.epochs):
-            losses: list[float] = []
+            if epoch != start_epoch:
+                loop.losses = []
+            losses = loop.losses
             batches = step.batches(epoch)
             for b, batch in enumerate(batches):
                 if epoch == start_epoch and b < start_batch:
