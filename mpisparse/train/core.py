@@ -217,7 +217,7 @@ def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
     """Train ``cfg.epochs`` epochs of ``step`` on this rank; returns ``step.result(loop)``.
 
     ``cfg`` is the run's :class:`~mpisparse.config.TrainConfig` (``epochs``,
-    ``checkpoint``, ``resume``, ``diagnostics`` are read here).
+    ``checkpoint`` and ``resume`` are read here; the step reads the rest).
     """
     if (cfg.checkpoint or cfg.resume) and not step.checkpointable:
         raise ValueError(f"--checkpoint/--resume are not supported for {step.description}")
