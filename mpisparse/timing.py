@@ -1,11 +1,12 @@
-"""Named phase timers, their reduction over ranks, and the printed table.
+"""Named phase timers and their reduction over ranks.
 
 A step is timed as a whole and split into phases from the fixed vocabulary
-:data:`PHASES` (the fixed phase vocabulary of the JSON result), so every scheme's breakdown reads the
+:data:`PHASES` (docs/design.md), so every scheme's breakdown reads the
 same.  The timer keeps one record per timed step; the reduction gives, per
 phase, the mean over ranks and the max over ranks of each rank's mean
 seconds per step.  The step time reported is the slowest rank's, because
-the step waits for it.
+the step waits for it.  The printed table is
+:func:`mpisparse.results.format_table`.
 """
 
 from __future__ import annotations
@@ -102,19 +103,3 @@ def reduce_over_ranks(comm, local: dict[str, float]) -> dict[str, dict[str, floa
         }
         for k in names
     }
-
-
-def format_table(title: str, reduced: dict[str, dict[str, float]], extra: dict[str, str] | None = None) -> str:
-    """The per-phase table rank 0 prints: ms per step, mean and max over ranks."""
-    step_max = reduced.get("step", {}).get("max", 0.0) or 1.0
-    lines = [title, f"{'phase':<18}{'mean ms':>12}{'max ms':>12}{'% of step':>11}"]
-    for name, v in reduced.items():
-        if name == "step":
-            continue
-        lines.append(f"{name:<18}{v['mean'] * 1e3:>12.3f}{v['max'] * 1e3:>12.3f}{100 * v['max'] / step_max:>10.1f}%")
-    if "step" in reduced:
-        s = reduced["step"]
-        lines.append(f"{'step':<18}{s['mean'] * 1e3:>12.3f}{s['max'] * 1e3:>12.3f}{100.0:>10.1f}%")
-    for k, v in (extra or {}).items():
-        lines.append(f"{k:<18}{v}")
-    return "\n".join(lines)

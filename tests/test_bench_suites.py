@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from conftest import HERE, mpi_run
 from mpisparse.bench.exchange import EXCHANGE_PHASES, exchange_keys
-from mpisparse.bench.report import PNG_SIGNATURE, Column, columns_of, format_rows, result_row, write_csv
+from mpisparse.results import PNG_SIGNATURE, Column, columns_of, format_rows, result_row, write_csv
 from mpisparse.bench.runs import SubRun, child_env, display_command, launch_argv, scheme_option_args
 from mpisparse.bench.scaling import attach_speedups, plan_scaling
 from mpisparse.cli import cli

@@ -7,7 +7,8 @@ from mpisparse.fusion import FusionLayout
 from mpisparse.gradgen import SyntheticGradients
 from mpisparse.memory import NoMemory, ResidualMemory, make_memory
 from mpisparse.schemes import SCHEMES, SchemeOption, k_for, scheme_class, validate_density
-from mpisparse.timing import PHASES, PhaseTimer, format_table, reduce_over_ranks
+from mpisparse.results import format_table
+from mpisparse.timing import PHASES, PhaseTimer, reduce_over_ranks
 
 
 # fusion ---------------------------------------------------------------------

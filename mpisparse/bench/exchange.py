@@ -13,7 +13,7 @@ several ``-n``).  Ranks reach the first exchange of a step at different
 times, so the first exchange phase also holds the wait for the slowest
 rank's selection (as in every scheme's per-phase table).
 
-Every result is the per-run JSON result object (``bench step``'s)
+Every result is ``bench step``'s :class:`~mpisparse.results.RunResult` (as a dict)
 with these keys added:
 
 ``exchange_seconds``
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .report import Column, Panel, Series, format_rows, plot_panels, result_row
+from ..results import Column, Panel, Series, format_rows, plot_panels, result_row
 
 __all__ = ["EXCHANGE_PHASES", "exchange_keys", "run_exchange_bench", "format_exchange", "exchange_row",
            "plot_exchange"]
@@ -60,7 +60,7 @@ def run_exchange_bench(comm, *, model: str, schemes: Sequence[str], densities: S
                        warmup: int, seed: int = 0, memory: bool = True,
                        scheme_options: dict[str, dict[str, Any]] | None = None, servers: int | None = None,
                        progress: Callable[[str, int, int], None] | None = None) -> list[dict[str, Any]]:
-    """One result per (scheme, density), schemes outermost; every rank calls it (collective)."""
+    """One result per (scheme, density), schemes outermost, as JSON dicts; every rank calls it (collective)."""
     from ..config import BenchConfig
     from ..runtimes import bench_step
 
@@ -73,9 +73,9 @@ def run_exchange_bench(comm, *, model: str, schemes: Sequence[str], densities: S
             cfg = BenchConfig(model=model, scheme=s, density=d, iters=iters, warmup=warmup, seed=seed,
                               memory=memory, scheme_options=dict(scheme_options.get(s, {})), servers=servers or 1)
             res = bench_step(comm, cfg, progress=step_progress)
-            res.update(exchange_keys(res))
-            res["config"]["bench"] = "exchange"
-            out.append(res)
+            res.exchange = exchange_keys(res.to_dict())
+            res.config["bench"] = "exchange"
+            out.append(res.to_dict())
     return out
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .report import Column, Panel, Series, format_rows, plot_panels, result_row
+from ..results import Column, Panel, Series, format_rows, plot_panels, result_row
 from .runs import Outcome, SubRun, display_command, results_list, run_subrun
 
 __all__ = ["ScalingPoint", "plan_scaling", "run_scaling", "attach_speedups", "format_scaling", "scaling_row",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from .report import Column, Panel, Series, format_rows, plot_panels
+from ..results import Column, Panel, Series, format_rows, plot_panels
 
 __all__ = ["run_select_sweep", "select_row", "format_select_sweep", "plot_select_sweep", "deft_row",
            "plot_deft_select"]
@@ -192,7 +192,7 @@ def select_sweep_command(backend: str, sizes: Sequence[int], densities: Sequence
 def select_outputs(mode: str, results: Sequence[dict[str, Any]], csv_path, plot_path,
                    echo: Callable[[str], None] = print) -> None:
     """--csv and --plot of ``bench select`` (kernels: result objects; deft: rows)."""
-    from .report import write_csv
+    from ..results import write_csv
 
     if csv_path:
         write_csv(csv_path, [select_row(r) if mode == "kernels" else deft_row(r) for r in results])

@@ -81,7 +81,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
         res = run_bench_step(comm, cfg, progress=output.progress(comm, f"{cfg.scheme}: step"))
         results.append(res)
         if comm.rank == 0:
-            output.print_step_result(cfg.scheme, model, density, res)
+            output.print_step_result(res)
     if comm.rank == 0:
         output.finish_step(results, json_path, csv_path, plot_path)
 

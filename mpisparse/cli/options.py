@@ -122,7 +122,7 @@ def pick_scheme_options(schemes: tuple[str, ...], given: dict[str, Any]) -> dict
 def check_plot(plot_path: str | None) -> None:
     """``--plot`` needs matplotlib: say so before MPI starts."""
     if plot_path:
-        from ..bench.report import check_plot_support
+        from ..results import check_plot_support
 
         try:
             check_plot_support()

@@ -123,6 +123,6 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
         res = run_train(comm, cfg, progress=output.train_progress(comm), step_log=step_log)
         results.append(res)
         if comm.rank == 0:
-            output.print_train_result(s, res)
+            output.print_train_result(res)
     if comm.rank == 0:
         output.finish_train(results, steps, log, json_path, plot_path)

@@ -6,7 +6,7 @@ exactly as a one-process model would), keeps its stage's layers
 
 1. stage 0 reads the batch; each stage runs its layers and sends the output
    activation to the next stage (:class:`~mpisparse.mp.link.ActivationLink`;
-   sparsified by DCT-MP, seed 000 Alg. 2, when ``--scheme dct-mp``);
+   sparsified by DCT-MP (Algorithm 2 of the DCT paper) when ``--scheme dct-mp``);
 2. the last stage computes the loss (it also reads the labels) and
    back-propagates; each stage sends the gradient of its input activation
    to the previous stage (under the forward mask with DCT-MP) and
@@ -15,7 +15,7 @@ exactly as a one-process model would), keeps its stage's layers
    stage's parameter gradients are first exchanged within the stage's group
    of replicas by the data-parallel scheme (``--dp-scheme``, any collective
    scheme, through :class:`mpisparse.torch.DistributedOptimizer` on the group
-   communicator) -- seed 000's hybrid setting (Fig. 1, Table 3).
+   communicator) -- the DCT paper's hybrid setting (its Fig. 1, Table 3).
 
 Micro-batches (``--micro-batches M``) follow GPipe's schedule: the forward
 passes of all ``M`` micro-batches, then their backward passes in reverse
@@ -27,14 +27,12 @@ Data: replica ``r`` of ``R`` reads the shard ``shard_indices(n, r, R)``
 (the same as rank ``r`` of an ``R``-rank data-parallel run); every stage of a
 replica walks the same batches.  The test set is sharded over replicas and
 evaluated through the pipeline (with the same sparsification: the mask is
-part of the trained network, seed 000 Sec. 2.2 "Analysis").
+part of the trained network, as in the DCT paper's Sec. 2.2 "Analysis").
 """
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -43,9 +41,12 @@ import torch.nn.functional as F
 
 from ..data import iterate_batches, load_dataset, shard_indices
 from ..models.nets import build_model, is_lm, needs_image
+from ..results import RunResult
+from ..results.build import timing_fields
 from ..schemes import SCHEMES, CollectiveScheme
 from ..timing import PHASES, PhaseTimer, reduce_over_ranks
 from ..torch import DistributedOptimizer
+from ..train.core import LoopState, StepOutcome, TrainStep, mean_over_ranks, run_loop
 from .config import MPConfig
 from .link import ActivationLink
 from .scheme import MPScheme
@@ -67,16 +68,21 @@ def split_shapes(model: torch.nn.Module, cuts: list[int], sample: torch.Tensor) 
     return shapes
 
 
-class MPTrainer:
+class MPTrainer(TrainStep):
     """One rank of a pipeline (and hybrid) training job: its stage, links, optimizer and timer.
+
+    It is the step :func:`mpisparse.train.core.run_loop` runs; :meth:`train_step`
+    alone runs one batch through the pipeline.
 
     Parameters
     ----------
     comm: the world :class:`~mpisparse.comm.Communicator` (``W`` ranks, a multiple of ``mp.stages``).
-    cfg: the :class:`mpisparse.train.loop.TrainConfig` (``scheme`` is ``dense`` or ``dct-mp``).
+    cfg: the :class:`mpisparse.config.TrainConfig` (``scheme`` is ``dense`` or ``dct-mp``).
     mp: the :class:`~mpisparse.mp.config.MPConfig`.
     dataset: an already loaded :class:`mpisparse.data.Dataset` (loaded from ``cfg`` when None).
     """
+
+    description = "the pipeline (model-parallel) runtime"
 
     def __init__(self, comm, cfg, mp: MPConfig, *, dataset=None):
         self.comm, self.cfg, self.mp = comm, cfg, mp
@@ -133,6 +139,15 @@ class MPTrainer:
         self.skipped_steps = 0
         self.steps = 0
         self._dp_selected: list[float] = []
+        self._dp_bytes: list[int] = []
+        self._occupancy: list[float] = []
+        # data: replica r of R reads shard r; the test set is sharded over replicas
+        R = self.layout.replicas
+        self.per_rank = len(self.ds.train_y) // R
+        if self.per_rank == 0:
+            raise ValueError(f"{len(self.ds.train_y)} training samples cannot be shared by {R} replicas")
+        test_idx = np.arange(len(self.ds.test_y))[self.replica::R]
+        self.test_batches = list(iterate_batches(self.ds.test_x, self.ds.test_y, test_idx, 512))
 
     # ------------------------------------------------------------ one step
     def bytes_sent(self) -> int:
@@ -190,7 +205,7 @@ class MPTrainer:
         return loss if self.last else None
 
     # ------------------------------------------------------------ evaluation
-    def evaluate(self, batches) -> dict[str, float]:
+    def evaluate_batches(self, batches) -> dict[str, float]:
         """Loss and accuracy over every replica's share of a set, through the pipeline (no stats)."""
         self.module.eval()
         loss_sum = correct = count = 0.0
@@ -208,57 +223,33 @@ class MPTrainer:
         loss_sum, correct, count = self.comm.allreduce(np.array([loss_sum, correct, count], dtype=np.float64))
         return {"loss": loss_sum / max(count, 1.0), "accuracy": correct / max(count, 1.0)}
 
-    # ------------------------------------------------------------ the run
-    def run(self, *, progress: Callable[[str | None], None] | None = None,
-            step_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        cfg, ds = self.cfg, self.ds
-        R = self.layout.replicas
-        n_train = len(ds.train_y)
-        per_rank = n_train // R
-        if per_rank == 0:
-            raise ValueError(f"{n_train} training samples cannot be shared by {R} replicas")
-        test_idx = np.arange(len(ds.test_y))[self.replica::R]
-        test_batches = list(iterate_batches(ds.test_x, ds.test_y, test_idx, 512))
-        history: list[dict[str, Any]] = []
-        step_bytes: list[int] = []
-        dp_bytes: list[int] = []
-        occupancy: list[float] = []
-        t_start = time.perf_counter()
-        for epoch in range(cfg.epochs):
-            idx = shard_indices(n_train, self.replica, R, seed=cfg.seed, epoch=epoch)[:per_rank]
-            batches = list(iterate_batches(ds.train_x, ds.train_y, idx, cfg.batch_size))
-            losses = []
-            for b, (x, y) in enumerate(batches):
-                before, before_dp = self.bytes_sent(), self.group.bytes_sent
-                kept0 = (self.next.stats.kept, self.next.stats.entries) if self.next else (0, 0)
-                with self.timer.step():
-                    loss = self.train_step(x if self.first else None, y)
-                nbytes = self.bytes_sent() - before
-                step_bytes.append(nbytes)
-                dp_bytes.append(self.group.bytes_sent - before_dp)
-                if self.next is not None:
-                    k, e = self.next.stats.kept - kept0[0], self.next.stats.entries - kept0[1]
-                    occupancy.append(k / e if e else 0.0)
-                loss = self.pipe.bcast_obj(loss, root=self.mp.stages - 1)  # control plane, not counted
-                if self.last:
-                    losses.append(loss)
-                if step_log is not None:
-                    step_log({"epoch": epoch, "batch": b, "iteration": self.steps, "loss": loss,
-                              "step_seconds": self.timer.records[-1]["step"],
-                              "wall_seconds": time.perf_counter() - t_start, "bytes": nbytes,
-                              "density": occupancy[-1] if occupancy else 1.0, "skipped": False})
-                if progress is not None:
-                    progress(f"epoch {epoch + 1}/{cfg.epochs} batch {b + 1}/{len(batches)} loss {loss:.4f}")
-            loss_sum, loss_count = self.comm.allreduce(np.array([sum(losses), len(losses)], dtype=np.float64))
-            test = self.evaluate(test_batches)
-            record = {"epoch": epoch + 1, "iteration": self.steps, "wall_seconds": time.perf_counter() - t_start,
-                      "train_loss": float(loss_sum / max(loss_count, 1.0)),
-                      **{f"test_{k}": v for k, v in test.items()}}
-            history.append(record)
-            if progress is not None:
-                progress(None)
-                progress(_epoch_line(record, cfg.epochs))
-        return self.result(history, step_bytes, dp_bytes)
+    # ------------------------------------------------------------ the loop's step
+    def batches(self, epoch: int):
+        idx = shard_indices(len(self.ds.train_y), self.replica, self.layout.replicas, seed=self.cfg.seed,
+                            epoch=epoch)[:self.per_rank]
+        return list(iterate_batches(self.ds.train_x, self.ds.train_y, idx, self.cfg.batch_size))
+
+    def train_batch(self, b, batch) -> StepOutcome:
+        x, y = batch
+        before_dp, skipped = self.group.bytes_sent, self.skipped_steps
+        kept0 = (self.next.stats.kept, self.next.stats.entries) if self.next else (0, 0)
+        loss = self.train_step(x if self.first else None, y)
+        self._dp_bytes.append(self.group.bytes_sent - before_dp)
+        if self.next is not None:
+            k, e = self.next.stats.kept - kept0[0], self.next.stats.entries - kept0[1]
+            self._occupancy.append(k / e if e else 0.0)
+        return StepOutcome(loss, self.skipped_steps == skipped, self._occupancy[-1] if self._occupancy else 1.0)
+
+    def after_batch(self, out: StepOutcome, iteration: int) -> StepOutcome:
+        # every stage learns the batch's loss from the last (control plane, not counted)
+        return replace(out, loss=self.pipe.bcast_obj(out.loss, root=self.mp.stages - 1))
+
+    def epoch_loss(self, losses: list[float]) -> float:
+        # the last stage of each replica counts its batches, once
+        return mean_over_ranks(self.comm, losses if self.last else [])
+
+    def evaluate(self, epoch: int) -> dict[str, float]:
+        return self.evaluate_batches(self.test_batches)
 
     # ------------------------------------------------------------ the result object
     def _split_report(self) -> dict[str, Any]:
@@ -272,10 +263,10 @@ class MPTrainer:
             mine["prev"] = self.prev.stats.to_dict()
         return mine
 
-    def result(self, history: list[dict[str, Any]], step_bytes: list[int],
-               dp_bytes: list[int] | None = None) -> dict[str, Any]:
-        """The result object from this run's history and per-step byte counts (collective over ``comm``)."""
+    def result(self, loop: LoopState) -> RunResult:
+        """The run's result from the loop's history and per-step byte counts (collective over ``comm``)."""
         cfg, mp, S = self.cfg, self.mp, self.mp.stages
+        step_bytes, dp_bytes = loop.step_bytes, self._dp_bytes
         means = self.timer.means()
         phases = reduce_over_ranks(self.comm, means)
         everyone = self.comm.allgather_obj({**self._split_report(), "phases": means,
@@ -319,27 +310,17 @@ class MPTrainer:
         dp_sel = sum(sum(e["dp_selected"]) / max(len(e["dp_selected"]), 1) * e["dp_n"] for e in everyone
                      if e["dp_selected"])
         dp_n = sum(e["dp_n"] for e in everyone if e["dp_selected"])
-        step = phases.pop("step", {"mean": 0.0, "max": 0.0})
-        final = dict(history[-1]) if history else {}
         # DCT-MP's achieved density: kept activation entries / entries, over all splits and steps
         kept_all = sum(e["next"]["kept"] for e in everyone if "next" in e)
         entries_all = sum(e["next"]["entries"] for e in everyone if "next" in e)
-        return {
-            "scheme": cfg.scheme,
-            "world_size": self.comm.size,
-            "density_target": cfg.density,
-            "density_actual": kept_all / entries_all if entries_all else 0.0,
-            "bytes_sent_per_rank": max(e["bytes"] for e in everyone),
-            "phases": {k: v["max"] for k, v in phases.items()},
-            "phases_mean_over_ranks": {k: v["mean"] for k, v in phases.items()},
-            "step_seconds": step["max"],
-            "step_seconds_mean_over_ranks": step["mean"],
-            "skipped_steps": max(e["skipped"] for e in everyone),
-            "n": self.n_params,
-            "config": {**asdict(cfg), "mp": asdict(mp),
-                       **{f"scheme.{k}": v for k, v in cfg.scheme_options.items()}},
-            "metrics": {"final": final, "per_epoch": history},
-            "mp": {
+        return RunResult(
+            scheme=cfg.scheme, runtime="mp", world_size=self.comm.size, density_target=cfg.density,
+            density_actual=kept_all / entries_all if entries_all else 0.0,
+            bytes_sent_per_rank=max(e["bytes"] for e in everyone), **timing_fields(phases),
+            skipped_steps=max(e["skipped"] for e in everyone), n=self.n_params,
+            config={**asdict(cfg), "mp": asdict(mp), **{f"scheme.{k}": v for k, v in cfg.scheme_options.items()}},
+            metrics=loop.metrics(),
+            mp={
                 "stages": S, "replicas": self.layout.replicas, "micro_batches": mp.micro_batches,
                 "threshold": self.threshold, **self.plan.to_dict(), "splits": splits,
                 "bytes_forward": sum(s["bytes_forward"] for s in splits),
@@ -350,23 +331,17 @@ class MPTrainer:
                 "dp_scheme": mp.dp_scheme, "dp_density": self.dp_density,
                 "dp_density_actual": dp_sel / dp_n if dp_n else None,
                 "dp_bytes_sent_per_rank": max(e["dp_bytes"] for e in everyone),
-            },
-        }
+            })
 
 
 def run_mp_training(comm, cfg, *, progress: Callable[[str | None], None] | None = None,
-                    step_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train ``cfg`` as ``W / S`` replicas of an ``S``-stage pipeline on ``comm``; returns the result object.
+                    step_log: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+    """Train ``cfg`` as ``W / S`` replicas of an ``S``-stage pipeline on ``comm``; returns its result.
 
-    The object has the keys of :func:`mpisparse.train.loop.run_training`
-    (DESIGN.md section 2) plus ``mp``: stages, replicas, the split, per split
-    the bytes sent forward and backward per step (max over replicas), what a
-    dense pipeline would send, the compression factors and the achieved
+    The result has the fields of :func:`mpisparse.train.loop.run_training`
+    plus the ``mp`` block: stages, replicas, the split, per split the bytes
+    sent forward and backward per step (max over replicas), what a dense
+    pipeline would send, the compression factors and the achieved
     occupancy, and per-stage phase times.
     """
-    return MPTrainer(comm, cfg, cfg.mp).run(progress=progress, step_log=step_log)
-
-
-def _epoch_line(r: dict[str, Any], epochs: int) -> str:
-    return (f"epoch {r['epoch']}/{epochs}  train loss {r['train_loss']:.4f}  test loss {r['test_loss']:.4f}  "
-            f"test acc {100 * r['test_accuracy']:.2f}%  ({r['wall_seconds']:.1f}s)")
+    return run_loop(comm, cfg, MPTrainer(comm, cfg, cfg.mp), progress=progress, step_log=step_log)

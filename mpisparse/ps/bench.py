@@ -12,8 +12,6 @@ pushes).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from ..config import BenchConfig
@@ -21,6 +19,7 @@ from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
 from ..registry import create
+from ..results.build import peak_rss_bytes
 from ..timing import PhaseTimer
 from .results import gather_ps_result
 
@@ -28,12 +27,10 @@ BENCH_LR = 0.01
 BENCH_MOMENTUM = 0.9
 
 
-def run_ps_step_bench(comm, cfg: BenchConfig, *, progress=None) -> dict[str, Any]:
-    """Run ``cfg`` (a parameter-server scheme) on every rank of ``comm``; returns the result object."""
+def run_ps_step_bench(comm, cfg: BenchConfig, *, progress=None):
+    """Run ``cfg`` (a parameter-server scheme) on every rank of ``comm``; returns its :class:`~mpisparse.results.RunResult`."""
     model, scheme, density, iters, warmup = cfg.model, cfg.scheme, cfg.density, cfg.iters, cfg.warmup
     seed, memory, servers, scheme_options = cfg.seed, cfg.memory, cfg.servers, cfg.scheme_options
-    from ..bench.step import peak_rss_bytes
-
     layout = FusionLayout(layer_shapes(model))
     sch = create(scheme, comm, layout, density, memory=memory, seed=seed, servers=servers,
                  **dict(scheme_options or {}))
@@ -58,16 +55,12 @@ def run_ps_step_bench(comm, cfg: BenchConfig, *, progress=None) -> dict[str, Any
                 progress(it + 1, warmup + iters)
         worker.finish(w)
         local = worker.stats.summary(timer, layout.n)
-    res = gather_ps_result(comm, sch, local)
-    res.pop("worker_extra")
     rss = comm.allgather_obj(peak_rss_bytes())
-    res.update({
-        "k": sch.k,
-        "layers": len(layout),
-        "gradient_buffer_bytes": layout.n * 4,
-        "peak_rss_bytes_per_rank": max(rss),
-        "config": {"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
-                   "seed": seed, "memory": memory, "servers": servers, "lr": BENCH_LR,
-                   "momentum": BENCH_MOMENTUM, **sch.opts},
-    })
+    res = gather_ps_result(
+        comm, sch, local, k=sch.k, layers=len(layout), gradient_buffer_bytes=layout.n * 4,
+        peak_rss_bytes_per_rank=max(rss),
+        config={"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
+                "seed": seed, "memory": memory, "servers": servers, "lr": BENCH_LR,
+                "momentum": BENCH_MOMENTUM, **sch.opts})
+    res.ps.pop("worker_extra")
     return res

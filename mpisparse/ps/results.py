@@ -1,4 +1,4 @@
-"""The result object of a parameter-server run (DESIGN.md section 2 plus PS keys).
+"""The result of a parameter-server run: the common fields plus the ``ps`` block.
 
 Every rank contributes a summary (a worker's from
 :meth:`.worker.WorkerStats.summary`, a server's from
@@ -28,6 +28,8 @@ reduced the same way on every rank:
 ``communications``, ``servers``, ``workers``, ``ps_mode``, and the bytes of
 start, ``GET`` and the final bundles (``setup_bytes``, ``get_bytes``,
 ``final_bytes``; not part of any communication).
+
+The printed report is :func:`mpisparse.results.format_ps_report`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from ..results import RunResult
+from ..results.build import timing_fields
 from ..timing import PHASES
 
 
@@ -46,35 +50,28 @@ def _reduce(dicts: list[dict[str, float]]) -> dict[str, dict[str, float]]:
                 "max": float(max(d.get(k, 0.0) for d in dicts))} for k in names}
 
 
-def gather_ps_result(comm, scheme, local: dict[str, Any]) -> dict[str, Any]:
-    """Combine every rank's summary into the result object (a collective: all ranks call it)."""
+def gather_ps_result(comm, scheme, local: dict[str, Any], **known: Any) -> RunResult:
+    """Combine every rank's summary into the result (a collective: all ranks call it).
+
+    ``known``: further fields (``config``, memory figures).  The ``ps``
+    block holds ``worker_extra`` (each worker's ``extra`` summary) for the
+    driver to reduce or drop.
+    """
     everyone = comm.allgather_obj(local)
     workers = [d for d in everyone if d["role"] == "worker"]
     servers = [d for d in everyone if d["role"] == "server"]
     pw = _reduce([d["phases"] for d in workers])
     ps = _reduce([d["phases"] for d in servers])
-    step = pw.pop("step", {"mean": 0.0, "max": 0.0})
-    phases = {k: v["max"] for k, v in pw.items()}
-    phases_mean = {k: v["mean"] for k, v in pw.items()}
+    timing = timing_fields(pw)
     if "server_apply" in ps:
-        phases["server_apply"] = ps["server_apply"]["max"]
-        phases_mean["server_apply"] = ps["server_apply"]["mean"]
+        timing["phases"]["server_apply"] = ps["server_apply"]["max"]
+        timing["phases_mean_over_ranks"]["server_apply"] = ps["server_apply"]["mean"]
+    pw = {k: v for k, v in pw.items() if k != "step"}
     hist: Counter = Counter()
     for d in servers:
         hist.update({int(k): v for k, v in d["staleness"].items()})
     pushes = sum(hist.values())
-    return {
-        "scheme": scheme.name,
-        "world_size": comm.size,
-        "density_target": scheme.density,
-        "density_actual": float(np.mean([d["density_up"] for d in workers])),
-        "bytes_sent_per_rank": float(max([d["bytes_up"] for d in workers]
-                                         + [d["bytes_per_communication"] for d in servers])),
-        "phases": phases,
-        "phases_mean_over_ranks": phases_mean,
-        "step_seconds": step["max"],
-        "step_seconds_mean_over_ranks": step["mean"],
-        "n": scheme.layout.n,
+    block = {
         "servers": scheme.roles.servers,
         "workers": scheme.roles.workers,
         "ps_mode": scheme.server_mode,
@@ -91,24 +88,10 @@ def gather_ps_result(comm, scheme, local: dict[str, Any]) -> dict[str, Any]:
         "final_bytes": int(sum(d["final_bytes"] for d in servers)),
         "worker_extra": [d.get("extra", {}) for d in workers],
     }
-
-
-def format_ps_report(res: dict[str, Any]) -> str:
-    """What rank 0 prints after the worker table: the servers' phases, bytes each way, staleness."""
-    lines = [f"{res['scheme']}: server phases per push served (ms); {res['servers']} server(s), "
-             f"{res['workers']} worker(s), mode {res['ps_mode']}",
-             f"{'phase':<18}{'mean ms':>12}{'max ms':>12}"]
-    for name, v in res["phases_server"].items():
-        lines.append(f"{name:<18}{v['mean'] * 1e3:>12.3f}{v['max'] * 1e3:>12.3f}")
-    lines.append(f"{'bytes up/comm':<18}{res['bytes_up_per_communication']:,.0f}")
-    lines.append(f"{'bytes down/comm':<18}{res['bytes_down_per_communication']:,.0f}")
-    lines.append(f"{'communications':<18}{res['communications']:,}")
-    hist = res["staleness_histogram"]
-    if hist:
-        shown = list(hist.items())
-        text = "  ".join(f"{k}:{v}" for k, v in shown[:12]) + ("  ..." if len(shown) > 12 else "")
-        lines.append(f"{'staleness':<18}mean {res['staleness_mean']:.2f}; histogram {text}")
-    gaps = [e["final_gap"] for e in res.get("worker_extra", []) if "final_gap" in e]
-    if gaps:
-        lines.append(f"{'final model gap':<18}{max(gaps):.3g} (max |worker - server| after the last difference)")
-    return "\n".join(lines)
+    known.setdefault("config", {})
+    return RunResult(
+        scheme=scheme.name, runtime="ps", world_size=comm.size, density_target=scheme.density,
+        density_actual=float(np.mean([d["density_up"] for d in workers])),
+        bytes_sent_per_rank=float(max([d["bytes_up"] for d in workers]
+                                      + [d["bytes_per_communication"] for d in servers])),
+        n=scheme.layout.n, ps=block, **timing, **known)

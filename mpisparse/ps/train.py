@@ -1,4 +1,4 @@
-"""``mpisparse train`` with a parameter-server scheme (``Scheme.family == "ps"``).
+"""``mpisparse train`` with a parameter-server scheme (the ``ps`` runtime).
 
 Every rank builds the same model from the seed and the same fusion layout.
 The model's parameters are re-bound as views of one flat float32 tensor,
@@ -27,23 +27,24 @@ model, and worker 0 evaluates it: the last epoch's test metrics (and
 per epoch is the mean over workers.  Batch-norm running statistics are
 not parameters: each worker keeps its own, worker 0's are used.
 
-Checkpoint / resume are not supported for this family.
+Checkpoint / resume are not supported by this runtime.  The loop itself
+(epochs, logging, evaluation, history) is :mod:`mpisparse.train.core`.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from ..data import iterate_batches, lm_batches, shard_indices
+from ..data import iterate_batches, lm_batches
 from ..fusion import FusionLayout
 from ..registry import create
 from ..timing import PhaseTimer
+from ..train.core import LoopState, StepOutcome, run_loop
+from ..train.loop import ModelStep, evaluate, seeded_setup
 from .results import gather_ps_result
 
 
@@ -77,143 +78,132 @@ def bind_flat(model: torch.nn.Module) -> tuple[FusionLayout, list[torch.nn.Param
 
 
 def run_ps_training(comm, cfg, *, progress: Callable[[str | None], None] | None = None,
-                    step_log: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                    step_log: Callable[[dict[str, Any]], None] | None = None):
     """Train ``cfg`` (a :class:`mpisparse.config.TrainConfig`) with ``cfg.servers`` parameter servers."""
-    servers = cfg.servers
     if cfg.checkpoint or cfg.resume:
         raise ValueError(f"--checkpoint/--resume are not supported for the parameter-server scheme "
                          f"{cfg.scheme!r}")
-    from ..train.loop import seeded_setup
-
     lm, ds, model = seeded_setup(cfg)
     layout, params, flat = bind_flat(model)
     w = flat.numpy()
     scheme = create(cfg.scheme, comm, layout, cfg.density, memory=cfg.memory, seed=cfg.seed,
-                    servers=servers, **dict(cfg.scheme_options))
+                    servers=cfg.servers, **dict(cfg.scheme_options))
     timer = PhaseTimer()
-    history: list[dict[str, Any]] = []
     if scheme.is_server():
-        local = scheme.make_server(w, timer=timer).run().summary(timer)
-    else:
-        local, history = _train_worker(comm, cfg, scheme, model, params, layout, w, ds, lm, timer,
-                                       progress, step_log)
+        return ps_train_result(comm, cfg, scheme, scheme.make_server(w, timer=timer).run().summary(timer), [])
+    step = WorkerStep(comm, cfg, scheme, lm, ds, model, params, layout, w, timer)
+    return run_loop(comm, cfg, step, progress=progress, step_log=step_log)
+
+
+def ps_train_result(comm, cfg, scheme, local: dict[str, Any], history: list[dict[str, Any]]):
+    """The result of a parameter-server training run (a collective over servers and workers).
+
+    ``history`` is worker 0's; each epoch's ``train_loss`` becomes the mean
+    over workers of their epoch's mean loss.
+    """
     res = gather_ps_result(comm, scheme, local)
-    extras = res.pop("worker_extra")
+    extras = res.ps.pop("worker_extra")
     losses = [e["epoch_losses"] for e in extras]
     history = comm.bcast_obj(history, 0)
     for e, rec in enumerate(history):
         vals = [l[e] for l in losses if e < len(l)]
         rec["train_loss"] = float(np.mean(vals)) if vals else float("nan")
-    res["worker_extra"] = [{k: v for k, v in e.items() if k != "epoch_losses"} for e in extras]
-    res["skipped_steps"] = int(sum(e["skipped"] for e in extras))
-    res["config"] = {**asdict(cfg), "servers": servers, **{f"scheme.{k}": v for k, v in scheme.opts.items()}}
-    res["metrics"] = {"final": dict(history[-1]) if history else {}, "per_epoch": history}
+    res.ps["worker_extra"] = [{k: v for k, v in e.items() if k != "epoch_losses"} for e in extras]
+    res.skipped_steps = int(sum(e["skipped"] for e in extras))
+    res.config = {**asdict(cfg), "servers": cfg.servers, **{f"scheme.{k}": v for k, v in scheme.opts.items()}}
+    res.metrics = {"final": dict(history[-1]) if history else {}, "per_epoch": history}
     return res
 
 
-def _train_worker(comm, cfg, scheme, model, params, layout, w, ds, lm, timer, progress, step_log):
-    from ..train.loop import _epoch_line, evaluate
+class WorkerStep(ModelStep):
+    """One minibatch of a parameter-server worker: forward, backward, local step, push and pull when due.
 
-    K, k = scheme.roles.workers, comm.rank
-    worker = scheme.make_worker(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, timer=timer)
-    opt = None
-    if scheme.local_optimizer:
-        opt = torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    g = layout.zeros()
-    g_views = layout.unflatten(g)
+    Worker 0 evaluates the servers' model (``GET``) after every epoch but
+    the last, and the servers' final model after the last (:meth:`finish`).
+    """
 
-    if lm:
-        train_lm = lm_batches(ds.train_x, cfg.batch_size, cfg.bptt, rank=k, world=K)
-        test_batches = lm_batches(ds.test_x, cfg.batch_size, cfg.bptt) if k == 0 else []
-    else:
-        n_train = len(ds.train_y)
-        per_rank = n_train // K
-        if per_rank == 0:
-            raise ValueError(f"{n_train} training samples cannot be shared by {K} workers")
-        test_batches = (list(iterate_batches(ds.test_x, ds.test_y, np.arange(len(ds.test_y)), 512))
-                        if k == 0 else [])
+    description = "the parameter-server runtime"
+    epoch_note = "  (worker 0's train loss)"
+    final_note = "  (the servers' final model)"
 
-    def epoch_batches(epoch: int):
-        if lm:
-            return train_lm
-        idx = shard_indices(n_train, k, K, seed=cfg.seed, epoch=epoch)[:per_rank]
-        return list(iterate_batches(ds.train_x, ds.train_y, idx, cfg.batch_size))
+    def __init__(self, comm, cfg, scheme, lm, ds, model, params, layout, w, timer):
+        K, k = scheme.roles.workers, comm.rank
+        super().__init__(cfg, lm, ds, model, shard=k, shards=K, timer=timer, unit="workers")
+        self.comm, self.scheme, self.params, self.layout, self.w = comm, scheme, params, layout, w
+        self.worker = scheme.make_worker(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                                         timer=timer)
+        self.opt = (torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+                    if scheme.local_optimizer else None)
+        self.g = layout.zeros()
+        self.g_views = layout.unflatten(self.g)
+        if k != 0:
+            self.test_batches = []
+        elif lm:
+            self.test_batches = lm_batches(ds.test_x, cfg.batch_size, cfg.bptt)
+        else:
+            self.test_batches = list(iterate_batches(ds.test_x, ds.test_y, np.arange(len(ds.test_y)), 512))
+        self.epoch_losses: list[float] = []
+        self.worker.start(w)  # w_k^0 <- Pull(w^0)
 
-    def evaluate_vector(vec: np.ndarray) -> dict[str, float]:
+    def bytes_sent(self) -> int:
+        return 0  # a step reports what its push sent (StepOutcome.bytes)
+
+    def train_batch(self, b, batch) -> StepOutcome:
+        x, y = batch
+        loss = self.forward(b, x, y)
+        g = self.g
+        with self.timer.phase("backward"):
+            for p in self.params:
+                p.grad = None
+            loss.backward()
+            if self.cfg.clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip)
+            for p, view in zip(self.params, self.g_views):
+                if p.grad is None:
+                    view[...] = 0
+                else:
+                    view[...] = p.grad.detach().numpy()
+            finite = bool(np.isfinite(g).all())
+        if not finite:
+            g.fill(0)
+            for p in self.params:
+                p.grad = None
+        if self.opt is not None and finite:
+            with self.timer.phase("update"):
+                self.opt.step()
+        communicated = self.worker.step(self.w, g)
+        up, down, pushed = self.worker.log[-1] if communicated else (0, 0, 0)
+        return StepOutcome(loss.item(), finite, pushed / self.layout.n, bytes=up, log={"bytes_down": down})
+
+    def epoch_loss(self, losses: list[float]) -> float:
+        self.epoch_losses.append(float(np.mean(losses)) if losses else float("nan"))
+        return self.epoch_losses[-1]
+
+    def _evaluate_vector(self, vec: np.ndarray) -> dict[str, float]:
+        w = self.w
         saved = w.copy()
         w[...] = vec
         try:
-            return evaluate(model, test_batches, LocalComm(), lm)
+            return evaluate(self.model, self.test_batches, LocalComm(), self.lm)
         finally:
             w[...] = saved
 
-    worker.start(w)  # w_k^0 <- Pull(w^0)
-    history: list[dict[str, Any]] = []
-    epoch_losses: list[float] = []
-    skipped = 0
-    iteration = 0
-    t_start = time.perf_counter()
-    hidden = None
-    for epoch in range(cfg.epochs):
-        losses = []
-        batches = epoch_batches(epoch)
-        for b, (x, y) in enumerate(batches):
-            with timer.step():
-                with timer.phase("forward"):
-                    if lm:
-                        hidden = None if (b == 0 or hidden is None) else model.detach_hidden(hidden)
-                        out, hidden = model(x, hidden)
-                        loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
-                    else:
-                        loss = F.cross_entropy(model(x), y)
-                with timer.phase("backward"):
-                    for p in params:
-                        p.grad = None
-                    loss.backward()
-                    if cfg.clip > 0:
-                        torch.nn.utils.clip_grad_norm_(params, cfg.clip)
-                    for p, view in zip(params, g_views):
-                        if p.grad is None:
-                            view[...] = 0
-                        else:
-                            view[...] = p.grad.detach().numpy()
-                    finite = bool(np.isfinite(g).all())
-                if not finite:
-                    g.fill(0)
-                    skipped += 1
-                    for p in params:
-                        p.grad = None
-                if opt is not None and finite:
-                    with timer.phase("update"):
-                        opt.step()
-                communicated = worker.step(w, g)
-            iteration += 1
-            losses.append(loss.item())
-            if step_log is not None:
-                up, down, pushed = worker.log[-1] if communicated else (0, 0, 0)
-                step_log({"epoch": epoch, "batch": b, "iteration": iteration, "loss": loss.item(),
-                          "step_seconds": timer.records[-1]["step"],
-                          "wall_seconds": time.perf_counter() - t_start, "bytes": up, "bytes_down": down,
-                          "density": pushed / layout.n, "skipped": not finite})
-            if progress is not None:
-                progress(f"epoch {epoch + 1}/{cfg.epochs} batch {b + 1}/{len(batches)} loss {loss.item():.4f}")
-        epoch_losses.append(float(np.mean(losses)) if losses else float("nan"))
-        if k == 0:
-            record = {"epoch": epoch + 1, "iteration": iteration, "wall_seconds": time.perf_counter() - t_start,
-                      "train_loss": epoch_losses[-1]}
-            if epoch + 1 < cfg.epochs:
-                record.update({f"test_{key}": v for key, v in evaluate_vector(worker.fetch_model()).items()})
-            history.append(record)
-            if progress is not None and epoch + 1 < cfg.epochs:
-                progress(None)
-                progress(_epoch_line(record, cfg.epochs) + "  (worker 0's train loss)")
-    extra = worker.finish(w)  # every worker ends with the servers' final model
-    if k == 0 and history:
-        history[-1].update({f"test_{key}": v for key, v in evaluate(model, test_batches, LocalComm(), lm).items()})
-        history[-1]["wall_seconds"] = time.perf_counter() - t_start
-        if progress is not None:
-            progress(None)
-            progress(_epoch_line(history[-1], cfg.epochs) + "  (the servers' final model)")
-    local = worker.stats.summary(timer, layout.n)
-    local["extra"] = {**extra, "epoch_losses": epoch_losses, "skipped": skipped, "steps": iteration}
-    return local, history
+    def keeps_history(self) -> bool:
+        return self.comm.rank == 0
+
+    def evaluate(self, epoch: int) -> dict[str, float] | None:
+        if self.comm.rank != 0 or epoch + 1 >= self.cfg.epochs:
+            return None
+        return self._evaluate_vector(self.worker.fetch_model())
+
+    def finish(self) -> dict[str, float] | None:
+        self.extra = self.worker.finish(self.w)  # every worker ends with the servers' final model
+        if self.comm.rank != 0:
+            return None
+        return evaluate(self.model, self.test_batches, LocalComm(), self.lm)
+
+    def result(self, loop: LoopState):
+        local = self.worker.stats.summary(self.timer, self.layout.n)
+        local["extra"] = {**self.extra, "epoch_losses": self.epoch_losses, "skipped": loop.skipped,
+                          "steps": loop.iteration}
+        return ps_train_result(self.comm, self.cfg, self.scheme, local, loop.history)

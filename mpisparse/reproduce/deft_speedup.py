@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..bench.report import Column, format_rows
+from ..results import Column, format_rows
 from .base import DEFT, Claim, Context, Report, Target, fmt_series
 from .registry import register
 

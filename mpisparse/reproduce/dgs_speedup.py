@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..bench.report import Column, format_rows
+from ..results import Column, format_rows
 from .base import DGS, TRAINING, Claim, Context, Report, Target
 from .registry import register
 

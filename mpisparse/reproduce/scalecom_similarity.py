@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from ..bench.report import Column, format_rows
+from ..results import Column, format_rows
 from .base import SCALECOM, TRAINING, Claim, Context, Report, Target, fmt_series
 from .registry import register
 

@@ -1,0 +1,69 @@
+"""Building a :class:`~.schema.RunResult`: the reductions over ranks every runtime shares.
+
+Each runtime builds its result in one place: the collective runtime with
+:func:`collective_result` (``train`` and ``bench step``), the parameter
+server with :func:`mpisparse.ps.results.gather_ps_result`, the pipeline
+with :meth:`mpisparse.mp.runtime.MPTrainer.result`.  All of them are
+collectives: every rank calls them and gets the same result.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..timing import reduce_over_ranks
+from .schema import RunResult
+
+__all__ = ["collective_result", "diagnostics_block", "peak_rss_bytes", "timing_fields"]
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def timing_fields(reduced: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """``phases``, ``phases_mean_over_ranks``, ``step_seconds`` and its mean from ``{name: {"mean", "max"}}``."""
+    reduced = dict(reduced)
+    step = reduced.pop("step", {"mean": 0.0, "max": 0.0})
+    return {"phases": {k: v["max"] for k, v in reduced.items()},
+            "phases_mean_over_ranks": {k: v["mean"] for k, v in reduced.items()},
+            "step_seconds": step["max"], "step_seconds_mean_over_ranks": step["mean"]}
+
+
+def diagnostics_block(densities: Sequence[float], per_step: list[dict[str, float]]) -> dict[str, Any]:
+    """The ``diagnostics`` field: density per step, the mean of each diagnostic, the per-step records."""
+    keys = sorted({k for d in per_step for k in d if k != "iteration"})
+    return {"density_per_step": list(densities),
+            "mean": {k: float(np.mean([d[k] for d in per_step if k in d])) for k in keys},
+            "per_step": per_step}
+
+
+def collective_result(comm, *, scheme: str, density_target: float, timer, step_bytes: Sequence[int],
+                      selected: Sequence[float], n: int, config: dict[str, Any],
+                      diagnostics: list[dict[str, float]] | None = None, memory: bool = False,
+                      **known: Any) -> RunResult:
+    """The result of a data-parallel run (a collective over ``comm``).
+
+    ``step_bytes``: this rank's bytes sent per timed step; ``selected``:
+    globally selected distinct elements per stepped step (the same on every
+    rank); ``memory``: add ``peak_rss_bytes_per_rank`` and
+    ``gradient_buffer_bytes``; ``known``: other fields (``k``, ``layers``,
+    ``skipped_steps``, ``metrics``).
+    """
+    timing = timing_fields(reduce_over_ranks(comm, timer.means()))
+    per_rank = comm.allgather_obj({"bytes": float(np.mean(step_bytes)) if len(step_bytes) else 0.0,
+                                   "selected": float(np.mean(selected)) if len(selected) else 0.0,
+                                   "peak_rss": peak_rss_bytes() if memory else None})
+    if memory:
+        known.update(gradient_buffer_bytes=n * 4, peak_rss_bytes_per_rank=max(p["peak_rss"] for p in per_rank))
+    if diagnostics is not None:
+        known["diagnostics"] = diagnostics_block([s / n for s in selected], diagnostics)
+    return RunResult(scheme=scheme, runtime="collective", world_size=comm.size, density_target=float(density_target),
+                     density_actual=float(np.mean([p["selected"] for p in per_rank])) / n,
+                     bytes_sent_per_rank=max(p["bytes"] for p in per_rank), n=n, config=config, **timing, **known)

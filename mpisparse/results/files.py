@@ -1,0 +1,108 @@
+"""Results as files: JSON (atomic), CSV rows, the per-step CSV log of ``train``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..timing import PHASES
+from .schema import RunResult
+
+__all__ = ["CSV_STEP_COLUMNS", "CsvLog", "columns_of", "json_ready", "result_row", "write_csv", "write_json"]
+
+_CONTRACT_SCALARS = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank",
+                     "step_seconds")
+
+#: the columns of ``train --csv`` (one row per step)
+CSV_STEP_COLUMNS = ("scheme", "epoch", "batch", "iteration", "loss", "step_seconds", "wall_seconds",
+                    "bytes", "density", "skipped")
+
+
+def json_ready(obj: Any) -> Any:
+    """``obj`` with every :class:`RunResult` (also inside lists) replaced by its dict."""
+    if isinstance(obj, RunResult):
+        return obj.to_dict()
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(o) for o in obj]
+    return obj
+
+
+def write_json(path: str | os.PathLike | None, obj: Any) -> None:
+    """Write ``obj`` (results, or any JSON value) to ``path`` atomically; nothing when ``path`` is None."""
+    if path is None:
+        return
+    tmp = Path(path).with_suffix(Path(path).suffix + ".tmp")
+    tmp.write_text(json.dumps(json_ready(obj), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def result_row(res: RunResult | dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """One flat row of a result (``extra`` keys after the contract's).
+
+    Phases become ``phase_<name>_ms`` (max over ranks, milliseconds), in the
+    order of the phase vocabulary.
+    """
+    res = json_ready(res)
+    row: dict[str, Any] = {}
+    cfg = res.get("config", {})
+    if "model" in cfg and "model" not in extra:
+        row["model"] = cfg["model"]
+    for k in _CONTRACT_SCALARS:
+        row[k] = res.get(k)
+    if "n" in res:
+        row["n"] = res["n"]
+    if "k" in res:
+        row["k"] = res["k"]
+    row.update(extra)
+    phases = res.get("phases", {})
+    for p in PHASES:
+        if p in phases:
+            row[f"phase_{p}_ms"] = phases[p] * 1e3
+    return row
+
+
+def columns_of(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """The union of the rows' keys: first-seen order, ``phase_*_ms`` last in vocabulary order."""
+    seen: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            seen.setdefault(k, None)
+    phase_cols = [f"phase_{p}_ms" for p in PHASES if f"phase_{p}_ms" in seen]
+    return [k for k in seen if k not in phase_cols] + phase_cols
+
+
+def write_csv(path: str | os.PathLike, rows: Iterable[dict[str, Any]],
+              columns: Sequence[str] | None = None) -> None:
+    """Write ``rows`` with a header (atomically); nested values (lists, dicts) are left out."""
+    rows = [{k: v for k, v in r.items() if not isinstance(v, (list, dict, tuple))} for r in rows]
+    if columns is None:
+        columns = columns_of(rows)
+    tmp = Path(str(path) + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+    os.replace(tmp, path)
+
+
+class CsvLog:
+    """``train --csv``: one row per step (rank 0's view), flushed per row so a kill loses nothing."""
+
+    def __init__(self, path: str | Path, append: bool = False):
+        self.path = Path(path)
+        new = not (append and self.path.exists())
+        self._f = open(self.path, "a" if not new else "w", newline="")
+        self._w = csv.DictWriter(self._f, fieldnames=CSV_STEP_COLUMNS, extrasaction="ignore")
+        if new:
+            self._w.writeheader()
+
+    def row(self, scheme: str, rec: dict[str, Any]) -> None:
+        self._w.writerow({"scheme": scheme, **rec})
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
