@@ -121,6 +121,21 @@ class SchemeBase:
             raise ValueError(f"scheme {cls.name!r} needs at least {cls.min_world_size} ranks, "
                              f"got a world of {world}")
 
+    def __init__(self, comm, layout, density: float, *, timer=None, seed: int = 0, **options: Any):
+        """What a scheme of every runtime holds: its ranks, the gradient layout, density and ``k``,
+        seed, phase timer and validated options (ValueError for a bad value or too few ranks)."""
+        from .timing import PhaseTimer
+
+        self.comm = comm
+        self.layout = layout
+        self.n = layout.n
+        self.density = validate_density(density)
+        self.k = k_for(self.density, self.n)
+        self.seed = int(seed)
+        self.timer = timer if timer is not None else PhaseTimer(enabled=False)
+        self.opts = self.validate_options(options)
+        self.check_world(comm.size)
+
 
 class _Registry(Mapping):
     """``name -> class``; the scheme modules are imported on the first lookup."""

@@ -16,8 +16,9 @@ from ..models.shapes import model_names
 from ..registry import SCHEMES, validate_density
 from ..runtimes import check_servers
 from . import output
-from .options import (SectionedCommand, check_plot, cuda_aware_option, density_list, int_list, mpi_options,
-                      pick_scheme_options, scheme_options, size_list, usage, validated)
+from .options import (SectionedCommand, check_plot, cuda_aware_option, density_list, diagnostics_option, int_list,
+                      mpi_options, output_options, pick_scheme_options, scheme_options, size_list, step_options, usage,
+                      validated)
 from .session import agree_on_config, maybe_relaunch, open_comm
 
 __all__ = ["bench", "bench_exchange", "bench_scaling", "bench_select", "bench_step"]
@@ -43,19 +44,11 @@ def bench() -> None:
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Untimed steps first.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic gradients.")
-@click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")
-@click.option("--check-collectives", is_flag=True,
-              help="Debug: verify every collective's counts and dtypes agree across ranks.")
-@click.option("--diagnostics", is_flag=True,
-              help="Per-step diagnostics into the JSON (error norm, scheme-specific; extra communication).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Write the result object (a list with several --scheme) to this file.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="One row per scheme: the result's scalars and per-phase ms.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="PNG: per-phase time per step (stacked) and bytes per rank, one bar per scheme.")
-@click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
-              help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")
+@step_options
+@diagnostics_option
+@output_options("Write the result object (a list with several --scheme) to this file.",
+                "One row per scheme: the result's scalars and per-phase ms.",
+                "PNG: per-phase time per step (stacked) and bytes per rank, one bar per scheme.")
 @scheme_options
 @cuda_aware_option
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no_memory,
@@ -99,17 +92,10 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
 @click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True, help="Timed steps per point.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed steps first.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic gradients.")
-@click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")
-@click.option("--check-collectives", is_flag=True,
-              help="Debug: verify every collective's counts and dtypes agree across ranks.")
-@click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
-              help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="The per-run result objects (a list), with the exchange keys added.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="One row per scheme and density.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="PNG: exchange time and bytes per rank against density, a line per scheme.")
+@step_options
+@output_options("The per-run result objects (a list), with the exchange keys added.",
+                "One row per scheme and density.",
+                "PNG: exchange time and bytes per rank against density, a line per scheme.")
 @scheme_options
 @cuda_aware_option
 def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, seed, no_memory, check_collectives,

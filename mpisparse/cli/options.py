@@ -55,6 +55,34 @@ def mpi_options(f: Callable) -> Callable:
     return f
 
 
+def output_options(json_help: str, csv_help: str, plot_help: str) -> Callable[[Callable], Callable]:
+    """``--json``, ``--csv`` and ``--plot`` (each a file path), with the command's own help texts."""
+    def deco(f: Callable) -> Callable:
+        for flag, dest, text in reversed((("--json", "json_path", json_help), ("--csv", "csv_path", csv_help),
+                                          ("--plot", "plot_path", plot_help))):
+            f = click.option(flag, dest, type=click.Path(dir_okay=False, writable=True), default=None,
+                             help=text)(f)
+        return f
+    return deco
+
+
+def step_options(f: Callable) -> Callable:
+    """``--no-memory``, ``--check-collectives`` and ``--servers``: how the steps of any scheme run."""
+    f = click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
+                     help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")(f)
+    f = click.option("--check-collectives", is_flag=True,
+                     help="Debug: verify every collective's counts and dtypes agree across ranks.")(f)
+    f = click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")(f)
+    return f
+
+
+def diagnostics_option(f: Callable) -> Callable:
+    """``--diagnostics``: per-step measurements that cost extra communication (``bench step``, ``train``)."""
+    return click.option("--diagnostics", is_flag=True,
+                        help="Per-step diagnostics into the JSON (error norm, scheme-specific; extra "
+                             "communication).")(f)
+
+
 def cuda_aware_option(f: Callable) -> Callable:
     """``--cuda-aware/--no-cuda-aware``: override the run-time probe (default: decided once, see `info`)."""
     return click.option("--cuda-aware/--no-cuda-aware", "cuda_aware", default=None,
@@ -131,26 +159,24 @@ def check_plot(plot_path: str | None) -> None:
 
 
 # --------------------------------------------------------------------------- list parsers (click callbacks)
-def int_list(ctx, param, value):
+def _positive_ints(value: str, parse, what: str) -> list[int]:
     try:
-        out = [int(v) for v in value.split(",") if v.strip()]
+        out = [parse(v) for v in value.split(",") if v.strip()]
     except ValueError:
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
     if not out or min(out) < 1:
-        raise click.BadParameter(f"{value!r}: every world size must be >= 1")
+        raise click.BadParameter(f"{value!r}: every {what} must be >= 1")
     return out
+
+
+def int_list(ctx, param, value):
+    return _positive_ints(value, int, "world size")
 
 
 def size_list(ctx, param, value):
     if value is None:
         return None
-    try:
-        out = [int(float(v)) if "e" in v.lower() else int(v) for v in value.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers") from None
-    if not out or min(out) < 1:
-        raise click.BadParameter(f"{value!r}: every size must be >= 1")
-    return out
+    return _positive_ints(value, lambda v: int(float(v)) if "e" in v.lower() else int(v), "size")
 
 
 def density_list(ctx, param, value):

@@ -11,7 +11,8 @@ from typing import Any
 
 import click
 
-from ..results import CsvLog, format_comparison, format_run, format_train_comparison, write_json, write_results
+from ..results import (CsvLog, format_comparison, format_run, format_train_comparison, write_csv, write_json,
+                       write_results)
 
 __all__ = ["exchange_outputs", "finish_step", "finish_train", "info_outputs", "print_step_result",
            "print_train_header", "print_train_result", "progress", "scaling_outputs", "select_outputs", "train_log",
@@ -53,35 +54,33 @@ def progress(comm, label: str):
 
 
 # --------------------------------------------------------------------------- bench exchange, scaling, select
+def _suite_outputs(results: list[dict[str, Any]], table: str, row, plot, json_path: str | None,
+                   csv_path: str | None, plot_path: str | None) -> None:
+    """A bench suite's printed table, --json, --csv (``row`` per result) and --plot (rank 0)."""
+    click.echo(table)
+    write_json(json_path, results)
+    if csv_path:
+        write_csv(csv_path, [row(r) for r in results])
+    if plot_path:
+        plot(plot_path, results)
+        click.echo(f"plot written to {plot_path}")
+
+
 def exchange_outputs(results: list[dict[str, Any]], json_path: str | None, csv_path: str | None,
                      plot_path: str | None) -> None:
     """``bench exchange`` (rank 0)."""
     from ..bench.exchange import exchange_row, format_exchange, plot_exchange
-    from ..results import write_csv
 
-    click.echo(format_exchange(results))
-    write_json(json_path, results)
-    if csv_path:
-        write_csv(csv_path, [exchange_row(r) for r in results])
-    if plot_path:
-        plot_exchange(plot_path, results)
-        click.echo(f"plot written to {plot_path}")
+    _suite_outputs(results, format_exchange(results), exchange_row, plot_exchange, json_path, csv_path, plot_path)
 
 
 def scaling_outputs(results: list[dict[str, Any]], json_path: str | None, csv_path: str | None,
                     plot_path: str | None) -> None:
     """``bench scaling``."""
-    from ..results import write_csv
     from ..bench.scaling import format_scaling, plot_scaling, scaling_row
 
     click.echo("")
-    click.echo(format_scaling(results))
-    write_json(json_path, results)
-    if csv_path:
-        write_csv(csv_path, [scaling_row(r) for r in results])
-    if plot_path:
-        plot_scaling(plot_path, results)
-        click.echo(f"plot written to {plot_path}")
+    _suite_outputs(results, format_scaling(results), scaling_row, plot_scaling, json_path, csv_path, plot_path)
 
 
 def select_outputs(mode: str, results: list[dict[str, Any]], json_path, csv_path, plot_path) -> None:

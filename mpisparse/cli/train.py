@@ -15,8 +15,8 @@ from ..config import DATASETS, TRAIN_MODELS, MPConfig, TrainConfig
 from ..registry import SCHEMES
 from ..runtimes import check_servers, schemes_of
 from . import output
-from .options import (SectionedCommand, cuda_aware_option, mpi_options, pick_scheme_options, scheme_options, usage,
-                      validated)
+from .options import (SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
+                      pick_scheme_options, scheme_options, step_options, usage, validated)
 from .session import agree_on_config, maybe_relaunch, open_comm
 
 __all__ = ["train"]
@@ -50,16 +50,11 @@ def _split_after(text: str | None) -> list[str]:
 @click.option("--clip", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Clip the local gradient norm before exchange (0: off).")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--no-memory", is_flag=True, help="Disable error feedback.")
-@click.option("--check-collectives", is_flag=True, help="Debug: verify every collective's counts and dtypes.")
-@click.option("--diagnostics", is_flag=True,
-              help="Per-step diagnostics into the JSON (error norm, scheme-specific; extra communication).")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Result object (a list with several --scheme).")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Per-step log (rank 0's loss, bytes, density, times).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="PNG of loss and accuracy against iterations and wall-clock time.")
+@step_options
+@diagnostics_option
+@output_options("Result object (a list with several --scheme).",
+                "Per-step log (rank 0's loss, bytes, density, times).",
+                "PNG of loss and accuracy against iterations and wall-clock time.")
 @click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False), default=None,
               help="Write a checkpoint here after every epoch (and on SIGUSR1).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
@@ -73,8 +68,6 @@ def _split_after(text: str | None) -> list[str]:
               default=None, help="With --mp-stages: data-parallel scheme inside each stage's replica group [dense].")
 @click.option("--dp-density", type=float, default=None,
               help="With --mp-stages: --density of the --dp-scheme [--density].")
-@click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
-              help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")
 @(lambda f: scheme_options(f, exclude=("momentum",)))
 @cuda_aware_option
 def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..fusion import FusionLayout
-from ..registry import SchemeBase, SchemeOption, k_for, validate_density
+from ..registry import SchemeBase, SchemeOption
 from ..timing import PhaseTimer
 from .algorithm import ServerAlgorithm, ServerContext, WorkerAlgorithm, WorkerContext
 from .roles import Roles, make_shards
@@ -49,15 +49,7 @@ class PSScheme(SchemeBase):
 
     def __init__(self, comm, layout: FusionLayout, density: float, *, servers: int = 1, memory: bool = True,
                  timer: PhaseTimer | None = None, seed: int = 0, **options: Any):
-        self.comm = comm
-        self.layout = layout
-        self.n = layout.n
-        self.density = validate_density(density)
-        self.k = k_for(self.density, self.n)
-        self.seed = int(seed)
-        self.timer = timer if timer is not None else PhaseTimer(enabled=False)
-        self.opts = self.validate_options(options)
-        self.check_world(comm.size)
+        super().__init__(comm, layout, density, timer=timer, seed=seed, **options)
         self.check_config(self.density, self.opts)
         self.use_memory = bool(memory)
         self.roles = Roles(comm.size, int(servers))

@@ -46,17 +46,9 @@ class CollectiveScheme(SchemeBase):
 
     def __init__(self, comm, layout: FusionLayout, density: float, *, memory: bool = True,
                  timer: PhaseTimer | None = None, seed: int = 0, **options: Any):
-        self.comm = comm
-        self.layout = layout
-        self.n = layout.n
-        self.density = validate_density(density)
-        self.k = k_for(self.density, self.n)
-        self.seed = int(seed)
-        self.timer = timer if timer is not None else PhaseTimer(enabled=False)
+        super().__init__(comm, layout, density, timer=timer, seed=seed, **options)
         self.memory: Memory = make_memory(memory and self.uses_memory)
         self.iteration = 0
-        self.opts = self.validate_options(options)
-        self.check_world(comm.size)
         self._out = None
 
     # -------------------------------------------------------------- step
