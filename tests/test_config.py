@@ -73,3 +73,23 @@ def test_help_shows_common_options_first_then_one_section_per_scheme():
         assert out.index("Options:") < out.index("--density") < out.index("Options of topk:") \
             < out.index("--layerwise"), out
         assert "Options of asgd, dgs:" in out and "--round-robin" in out
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--lr", "nan", "--lr is nan; allowed range is (0, inf)"),
+    ("--lr", "inf", "--lr is inf; allowed range is (0, inf)"),
+    ("--weight-decay", "nan", "--weight-decay is nan; allowed range is [0, inf)"),
+    ("--clip", "nan", "--clip is nan; allowed range is [0, inf)"),
+    ("--density", "nan", "--density nan is not in the allowed range (0, 1]"),
+])
+def test_non_finite_options_are_refused_before_mpi_starts(option, value, message):
+    """One line naming the value and the range, exit code 2, no MPI job."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    p = subprocess.run([sys.executable, "-m", "mpisparse", "train", option, value, "--epochs", "1"],
+                       capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith("Error:")
