@@ -157,3 +157,22 @@ def test_train_option_errors():
                       (["--density", "2"], "2.0 is not in the allowed range (0, 1]")):
         res = CliRunner().invoke(cli, ["train", *args])
         assert res.exit_code == 2 and msg in res.output, res.output
+
+
+def test_a_fresh_run_refuses_a_directory_that_holds_a_checkpoint(tmp_path):
+    """No silent deletion: --resume or --overwrite-checkpoint must say what happens to it."""
+    from click.testing import CliRunner
+
+    from mpisparse.cli import cli
+
+    ck = tmp_path / "ck"
+    train(tmp_path, "first", "--scheme", "topk", "--epochs", "1", "--checkpoint", str(ck), ranks=1)
+    saved = (ck / "LATEST").read_text()
+    res = CliRunner().invoke(cli, ["train", *QUICK, "--epochs", "1", "--checkpoint", str(ck)])
+    assert res.exit_code == 2
+    assert f"--checkpoint {ck} already holds a checkpoint" in res.output
+    assert "--resume" in res.output and "--overwrite-checkpoint" in res.output
+    assert (ck / "LATEST").read_text() == saved
+    _, again = train(tmp_path, "again", "--scheme", "topk", "--epochs", "1", "--checkpoint", str(ck),
+                     "--overwrite-checkpoint", ranks=1)
+    assert again["metrics"]["final"]["epoch"] == 1

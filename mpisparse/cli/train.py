@@ -58,6 +58,8 @@ def _split_after(text: str | None) -> list[str]:
 @click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False), default=None,
               help="Write a checkpoint here after every epoch (and on SIGUSR1).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
+@click.option("--overwrite-checkpoint", is_flag=True,
+              help="Start afresh even if --checkpoint already holds a checkpoint (it is replaced).")
 @click.option("--mp-stages", type=click.IntRange(min=1), default=1, show_default=True,
               help="Pipeline (model-parallel) stages S; -n W runs W/S data-parallel replicas of the pipeline.")
 @click.option("--split-after", default=None, metavar="LAYER[,LAYER...]",
@@ -72,7 +74,7 @@ def _split_after(text: str | None) -> list[str]:
 @cuda_aware_option
 def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,
           weight_decay, bptt, clip, seed, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
-          checkpoint_dir, resume, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
+          checkpoint_dir, resume, overwrite_checkpoint, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
           cuda_aware=None, **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
@@ -100,6 +102,8 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           resume=resume, scheme_options=dict(per_scheme[s]),
                           diagnostics=diagnostics, servers=servers, mp=mp_cfg)
         cfgs.append(validated(cfg, nprocs))
+    if not (resume or overwrite_checkpoint):
+        _refuse_existing_checkpoints(cfgs)
     maybe_relaunch(nprocs, timeout)
 
     from ..runtimes import train as run_train
@@ -119,3 +123,17 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
             output.print_train_result(res)
     if comm.rank == 0:
         output.finish_train(results, steps, log, json_path, plot_path)
+
+
+def _refuse_existing_checkpoints(cfgs) -> None:
+    """A fresh run must not silently replace a checkpoint it was pointed at."""
+    dirs = [cfg.checkpoint for cfg in cfgs if cfg.checkpoint]
+    if not dirs:
+        return
+    from ..train.checkpoint import LATEST  # imports torch: only when a checkpoint is asked for
+
+    for d in dirs:
+        if (Path(d) / LATEST).exists():
+            raise click.UsageError(
+                f"--checkpoint {d} already holds a checkpoint; continue it with --resume, "
+                "or start afresh and replace it with --overwrite-checkpoint")
