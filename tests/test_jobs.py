@@ -22,7 +22,7 @@ import pytest
 
 from conftest import HERE
 from mpisparse import jobs
-from mpisparse.launch import find_mpiexec
+from mpisparse.launch import find_mpiexec, launcher_flavor
 
 ROOT = HERE.parent
 STUBS = HERE / "slurm_stub"
@@ -198,6 +198,9 @@ def _job_env(tmp_path: Path, nodes: int = 1, restart: int = 0) -> dict:
         "OMP_NUM_THREADS": "1", "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "t", "SLURM_JOB_NUM_NODES": str(nodes),
         "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_RESTART_COUNT": str(restart),
     })
+    if launcher_flavor(env["STUB_MPIEXEC"]) == "openmpi" and os.geteuid() == 0:
+        # the stand-ins call the real mpiexec as a site's launcher would; Open MPI wants this as root
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
 
 
