@@ -80,5 +80,8 @@ def _fail(code: int, msg: str | None = None) -> None:
     sys.stderr.flush()
     sys.stdout.flush()
     if _mpi_running() and sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() > 1:
+        # the launcher forwards a rank's stderr asynchronously; an immediate Abort can
+        # kill it before the one line above reached the terminal
+        time.sleep(0.3)
         sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
     sys.exit(code)
