@@ -361,3 +361,20 @@ def test_auto_method_table_reproduces_the_fixed_rule():
         for k in (1, n // 10, n // 4, n // 4 + 1, n - 1):
             want = "radix" if n <= ck.SMALL_N or k > ck.DENSE_FRACTION * n else "sample"
             assert ck.auto_method(n, k) == want, (n, k)
+
+
+def test_gpu_select_benches_run_and_report(cp):
+    """`bench select --backend cupy` (kernels and --mode deft) end to end on the device path."""
+    from mpisparse.bench import select_gpu
+
+    res = select_gpu.run_select_bench_gpu(n=70_001, density=0.01, repeats=1)
+    assert res["auto"]["picked"] == ck.auto_method(70_001, res["params"]["k"])
+    assert set(res["auto"]["times_ms"]) == {"sample", "radix"}
+    assert all(res["checks"][f"topk_exact_{m}"] for m in ("auto", "sample", "radix"))
+    text = select_gpu.format_select_bench_gpu(res)
+    assert "auto picked" in text
+    rows = select_gpu.run_deft_select_bench_gpu(models=("ncf",), worlds=(1, 2), repeats=1)
+    assert [r["world_size"] for r in rows] == [1, 2]
+    assert all(r["deft_max_seconds"] > 0 and r["norms_ms"] > 0 for r in rows)
+    text = select_gpu.format_deft_select_bench_gpu(rows)
+    assert "ncf W=2 DEFT select (max rank)" in text and "layer norms" in text
