@@ -368,11 +368,12 @@ def rowwise_topk_mask(X, k) -> np.ndarray:
 # :data:`CHUNK` elements, whatever segments a chunk spans.
 #
 # ``segment_norms``: the data is viewed as rows of :data:`NORM_ROW`
-# elements; one ``einsum`` gives every row's sum of squares (one read of
+# elements; one ``vecdot`` gives every row's sum of squares (one read of
 # ``x``, no temporary), a float64 cumulative sum of the row sums gives the
 # prefix sum of squares at every row boundary, and the rows that hold a
-# segment boundary get an in-row float64 cumulative sum (at most two rows per
-# segment).  A segment's sum of squares is the difference of the prefix sums
+# segment boundary add the in-row part: sums of squares of their
+# :data:`NORM_SUB`-element pieces, cumulated, plus the last partial piece
+# (at most two rows per segment).  A segment's sum of squares is the difference of the prefix sums
 # at its two ends; an empty segment gives exactly 0 (so does an all-zero one).
 # A non-finite float32 row sum (overflow) makes the segments it touches be
 # recomputed from float64 squares.
@@ -410,8 +411,10 @@ def rowwise_topk_mask(X, k) -> np.ndarray:
 # their number is bounded by the data size, not by the segment count.  float64 input takes the same path with 64-bit
 # keys; its combined sort is an ``np.lexsort`` (segment, key) instead.
 
-#: Row length of the row-sum pass of :func:`segment_norms`.
-NORM_ROW = 1024
+#: Row length of the row-sum pass of :func:`segment_norms`, and the piece
+#: length inside the rows that hold a segment boundary.
+NORM_ROW = 4096
+NORM_SUB = 64
 
 
 def _segments(starts, sizes, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -448,8 +451,8 @@ def segment_norms(x, starts, sizes) -> np.ndarray:
     """L2 norm of every segment ``x[starts[i]:starts[i] + sizes[i]]``, float64 (empty -> 0).
 
     O(1) NumPy calls whatever the number of segments (see the section
-    comment above): one ``einsum`` pass of row sums of squares, float64
-    prefix sums, in-row cumulative sums at the segment boundaries.
+    comment above): one ``vecdot`` pass of row sums of squares, float64
+    prefix sums, in-row prefix sums at the segment boundaries.
     """
     x = _as_1d_float(x)
     n = x.shape[0]
@@ -485,17 +488,7 @@ def segment_norms(x, starts, sizes) -> np.ndarray:
         inner = c > 0
         P = prow[r]
         if inner.any():
-            ur, inv = np.unique(r[inner], return_inverse=True)
-            # in-row prefix sums of the boundary rows (float64 squares)
-            base = ur * L
-            seg_len = np.minimum(L, n - base)
-            col = np.arange(L)
-            gidx = np.minimum(base[:, None] + col[None, :], n - 1)
-            B = x[gidx].astype(np.float64)
-            B *= B
-            B[col[None, :] >= seg_len[:, None]] = 0.0
-            cs = np.cumsum(B, axis=1)
-            P[inner] += cs[inv, c[inner] - 1]
+            P[inner] += _in_row_prefix(x, r[inner], c[inner], rows)
         sq = P[st.size:] - P[: st.size]
     np.maximum(sq, 0.0, out=sq)  # rounding of the difference never goes below 0
     out[sz > 0] = np.sqrt(sq[sz > 0])
@@ -504,6 +497,46 @@ def segment_norms(x, starts, sizes) -> np.ndarray:
         for i in np.flatnonzero(bad):  # only segments holding non-finite data; not a per-layer loop
             v = x[st[i]: st[i] + sz[i]].astype(np.float64)
             out[i] = math.sqrt(float(np.dot(v, v)))
+    return out
+
+
+def _in_row_prefix(x: np.ndarray, r: np.ndarray, c: np.ndarray, rows: int) -> np.ndarray:
+    """Sum of squares of ``x[r * L : r * L + c]`` (``0 < c < L``) for every point, in float64.
+
+    Two levels, so the boundary rows cost little more than one read: sums of
+    squares of the :data:`NORM_SUB`-element pieces of every boundary row (one
+    ``vecdot``), their float64 cumulative sums, then the last partial piece
+    element by element.  Points in the partial last row (``r == rows``) use
+    that row's own float64 cumulative sum.
+    """
+    L, B = NORM_ROW, NORM_SUB
+    n = x.shape[0]
+    out = np.zeros(r.size, dtype=np.float64)
+    full = r < rows
+    if full.any():
+        rf, cf = r[full], c[full]
+        ur, inv = np.unique(rf, return_inverse=True)
+        X3 = x[: rows * L].reshape(rows, L // B, B)[ur]  # the boundary rows, in pieces of B
+        sub = _rowdot(X3).astype(np.float64)
+        bad = ~np.isfinite(sub)
+        if bad.any():  # float32 overflow: those rows in float64
+            rb = np.flatnonzero(bad.any(axis=1))
+            sub[rb] = _rowdot(X3[rb].astype(np.float64))
+        csub = np.zeros((ur.size, L // B + 1), dtype=np.float64)
+        np.cumsum(sub, axis=1, out=csub[:, 1:])
+        q = cf // B
+        rem = cf - q * B
+        j = np.arange(B)
+        g = np.minimum((rf * L + q * B)[:, None] + j[None, :], n - 1)
+        e = x[g].astype(np.float64)
+        e *= e
+        e[j[None, :] >= rem[:, None]] = 0.0
+        out[full] = csub[inv, q] + e.sum(axis=1)
+    if not full.all():  # the partial last row
+        t = x[rows * L:].astype(np.float64)
+        t *= t
+        ct = np.cumsum(t)
+        out[~full] = ct[c[~full] - 1]
     return out
 
 
