@@ -81,3 +81,29 @@ def test_the_hook_refuses_a_parameter_server_scheme_and_needs_an_initialised_gro
         comm_hook("dgs")
     with pytest.raises(RuntimeError, match="init_process_group"):
         TorchDistCommunicator()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_horovod_style_functions(ranks):
+    from conftest import rank_script
+
+    rank_script("torch_api", ranks)
+
+
+@pytest.mark.mpi
+def test_an_exception_on_one_rank_ends_a_plain_python_job_within_seconds():
+    """Library mode: plain `mpiexec -n 2 python script.py` (no `-m mpi4py`); init() installs the abort hook."""
+    import time
+
+    from conftest import mpiexec_prefix
+
+    argv, extra = mpiexec_prefix(timeout=60)
+    env = dict(os.environ, **extra, PYTHONPATH=str(HERE.parent), OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    p = subprocess.run([*argv, "-n", "2", sys.executable, mpi_script("check_torch_api.py"), "--raise"],
+                       capture_output=True, text=True, timeout=90, env=env)
+    took = time.monotonic() - t0
+    assert p.returncode != 0
+    assert "planted failure on the last rank" in p.stderr
+    assert took < 20, f"the job took {took:.1f} s to end (start-up included)"
