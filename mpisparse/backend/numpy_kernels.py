@@ -704,7 +704,6 @@ SEG_BIG = 1 << 14
 
 def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.ndarray, rng) -> np.ndarray:
     """The segmented algorithm of the section comment on segments with ``k > 0``: flat int64 indices, grouped."""
-    n = x.shape[0]
     S = st.size
     wide = x.dtype.itemsize == 8
     kdt = np.uint64 if wide else np.uint32

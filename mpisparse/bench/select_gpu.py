@@ -163,7 +163,7 @@ def format_select_bench_gpu(res: dict) -> str:
     for name, r in res["ratios"].items():
         lines.append(f"{name:<34}{r:>8.2f}")
     a = res["auto"]
-    lines += ["", f"topk_abs method times (best ms): " + ", ".join(f"{m} {t:.3f}" for m, t in a["times_ms"].items())
+    lines += ["", "topk_abs method times (best ms): " + ", ".join(f"{m} {t:.3f}" for m, t in a["times_ms"].items())
               + f"; auto picked {a['picked']}"
               + ("" if a["auto_is_fastest"] else f"  <-- NOT the fastest ({a['fastest']}): update "
                  "cupy_kernels.AUTO_TABLE")]
