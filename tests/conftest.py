@@ -79,3 +79,20 @@ def bench_step(ranks: int, tmp_path: Path, *args: str, name: str = "bench") -> d
 @pytest.fixture
 def mpirun():
     return mpi_run
+
+
+# --------------------------------------------------------------------------- the fault-injection suite
+FAULTS = HERE / "faults"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test under tests/faults/ carries the ``faults`` marker (``pytest -m faults`` runs only them).
+
+    The fault-injection suite runs each case the way a user meets it: real
+    subprocesses, real ``mpiexec``, real signals and real files, each case
+    bounded in time, asserting what must hold afterwards (exit code, the
+    one-line message, no process of the job left, files intact).
+    """
+    for item in items:
+        if FAULTS in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.faults)
