@@ -26,7 +26,8 @@ from mpisparse.cli import cli
 
 CONTRACT = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank", "phases",
             "step_seconds", "config")
-CSV_HEAD = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank", "step_seconds")
+# CSV columns carry their units: times in ms, sizes in bytes (never seconds)
+CSV_HEAD = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank", "step_ms")
 
 
 def has_matplotlib() -> bool:
@@ -77,6 +78,7 @@ def test_result_row_and_csv_put_contract_first_and_phases_in_vocabulary_order(tm
     row = result_row(res, extra=1)
     assert list(row)[:7] == ["model", *CSV_HEAD]
     assert row["phase_select_ms"] == pytest.approx(200.0) and row["extra"] == 1
+    assert row["step_ms"] == pytest.approx(500.0) and not any(k.endswith("seconds") for k in row)
     other = dict(res, phases={"exchange_values": 0.3})
     cols = columns_of([row, result_row(other)])
     assert cols[-3:] == ["phase_select_ms", "phase_exchange_values_ms", "phase_update_ms"]

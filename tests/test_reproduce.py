@@ -201,15 +201,24 @@ def test_slimdp_traffic_claims():
 
 
 def test_dgs_speedup_claims(tmp_path):
-    log = tmp_path / "log.csv"
-    lines = ["scheme,epoch,batch,iteration,loss,step_seconds,wall_seconds,bytes,density,skipped"]
+    from mpisparse.results import CsvLog
+
+    log = tmp_path / "log.csv"  # written the way train --csv writes it (wall clock in ms)
+    writer = CsvLog(log)
     for i in range(20):
-        lines.append(f"asgd,0,{i},{i + 1},{2.0 - 0.05 * i},0.1,{0.1 * (i + 1)},1,1.0,False")
-        lines.append(f"dgs,0,{i},{i + 1},{2.0 - 0.05 * i},0.01,{0.01 * (i + 1)},1,0.01,False")
-    log.write_text("\n".join(lines) + "\n")
+        for scheme, dt, dens in (("asgd", 0.1, 1.0), ("dgs", 0.01, 0.01)):
+            writer.row(scheme, {"epoch": 0, "batch": i, "iteration": i + 1, "loss": 2.0 - 0.05 * i,
+                                "step_seconds": dt, "wall_seconds": dt * (i + 1), "bytes": 1, "density": dens,
+                                "skipped": False})
+    writer.close()
+    assert "wall_ms" in log.read_text().splitlines()[0]
     logs = dgs_speedup.read_loss_log(log)
     assert len(dgs_speedup.smoothed(logs["asgd"])) == 11
     assert dgs_speedup.time_to_loss(logs["dgs"], 10.0) == pytest.approx(0.1)
+    old = tmp_path / "old.csv"  # a log written before the columns carried units
+    old.write_text("scheme,epoch,batch,iteration,loss,step_seconds,wall_seconds,bytes,density,skipped\n"
+                   "dgs,0,0,1,2.0,0.01,0.25,1,0.01,False\n")
+    assert dgs_speedup.read_loss_log(old) == {"dgs": [(0.25, 2.0)]}
 
     def res(scheme, accs, walls, step):
         return {"scheme": scheme, "world_size": 3, "workers": 2, "step_seconds": step, "bytes_sent_per_rank": 1.0,

@@ -33,7 +33,7 @@ def test_round_trip_through_dict_and_json_keeps_every_field(tmp_path):
     res = bench_result(exchange={"exchange_seconds": 0.002, "exchange_phases": {"exchange_values": 0.002}},
                        extra={"baseline": "dense"})
     d = res.to_dict()
-    assert d["schema_version"] == SCHEMA_VERSION == 1 and d["runtime"] == "collective"
+    assert d["schema_version"] == SCHEMA_VERSION == 2 and d["runtime"] == "collective"
     assert d["exchange_seconds"] == 0.002 and d["baseline"] == "dense"  # blocks are top-level keys
     assert "metrics" not in d and "mp" not in d  # unknown optional fields are left out
     path = tmp_path / "r.json"
@@ -50,8 +50,10 @@ def test_ps_and_mp_blocks_round_trip_and_runtime_is_inferred_for_older_files():
     assert RunResult.from_dict(old).runtime == "ps"
     mp = train_result(runtime="mp", mp={"stages": 2})
     assert mp.to_dict()["mp"] == {"stages": 2} and RunResult.from_dict(mp.to_dict()) == mp
-    with pytest.raises(ValueError, match="schema_version 2"):
-        RunResult.from_dict({**mp.to_dict(), "schema_version": 2})
+    with pytest.raises(ValueError, match="schema_version 3"):
+        RunResult.from_dict({**mp.to_dict(), "schema_version": 3})
+    v1 = {k: v for k, v in mp.to_dict().items() if k != "provenance"} | {"schema_version": 1}
+    assert RunResult.from_dict(v1).provenance is None  # a file written before provenance existed
     with pytest.raises(ValueError, match="runtime 'x'"):
         train_result(runtime="x")
 

@@ -4,7 +4,8 @@
 * :mod:`.build` -- the reductions over ranks the runtimes build their results with;
 * :mod:`.tables` -- the printed tables (:func:`format_run`, :func:`format_comparison`, ...);
 * :mod:`.files` -- JSON (atomic), CSV rows, the per-step CSV log of ``train``;
-* :mod:`.plots` -- the PNGs.
+* :mod:`.plots` -- the PNGs;
+* :mod:`.provenance` -- the ``provenance`` block every result carries.
 
 Front ends call :func:`format_run` after each run and :func:`write_results`
 once at the end (rank 0).  Nothing here imports MPI or torch.
@@ -16,12 +17,13 @@ import os
 from typing import Any, Callable, Sequence
 
 from .files import CsvLog, columns_of, json_ready, result_row, write_csv, write_json
+from .provenance import gather_provenance
 from .plots import PNG_SIGNATURE, Panel, Series, check_plot_support, plot_history, plot_panels, plot_phase_bars
 from .schema import SCHEMA_VERSION, RunResult
 from .tables import (Column, format_comparison, format_ps_report, format_rows, format_run, format_table,
                      format_train_comparison, mp_summary)
 
-__all__ = ["Column", "CsvLog", "PNG_SIGNATURE", "Panel", "RunResult", "SCHEMA_VERSION", "Series",
+__all__ = ["Column", "CsvLog", "PNG_SIGNATURE", "Panel", "RunResult", "SCHEMA_VERSION", "Series", "gather_provenance",
            "check_plot_support", "columns_of", "format_comparison", "format_ps_report", "format_rows",
            "format_run", "format_table", "format_train_comparison", "json_ready", "mp_summary", "plot_history",
            "plot_panels", "plot_phase_bars", "result_row", "write_csv", "write_json", "write_results"]

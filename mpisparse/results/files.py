@@ -13,12 +13,15 @@ from .schema import RunResult
 
 __all__ = ["CSV_STEP_COLUMNS", "CsvLog", "columns_of", "json_ready", "result_row", "write_csv", "write_json"]
 
-_CONTRACT_SCALARS = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank",
-                     "step_seconds")
+_CONTRACT_SCALARS = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank")
 
-#: the columns of ``train --csv`` (one row per step)
-CSV_STEP_COLUMNS = ("scheme", "epoch", "batch", "iteration", "loss", "step_seconds", "wall_seconds",
-                    "bytes", "density", "skipped")
+#: the columns of ``train --csv`` (one row per step).  Units are in the names: times in
+#: milliseconds (``_ms``), sizes in bytes (``bytes_``); the rest are counts or fractions.
+CSV_STEP_COLUMNS = ("scheme", "epoch", "batch", "iteration", "loss", "step_ms", "wall_ms", "bytes_sent",
+                    "density", "skipped")
+
+#: the log record's key -> (CSV column, factor) of the columns that change unit or name
+_STEP_RENAMES = {"step_seconds": ("step_ms", 1e3), "wall_seconds": ("wall_ms", 1e3), "bytes": ("bytes_sent", 1)}
 
 
 def json_ready(obj: Any) -> Any:
@@ -42,8 +45,10 @@ def write_json(path: str | os.PathLike | None, obj: Any) -> None:
 def result_row(res: RunResult | dict[str, Any], **extra: Any) -> dict[str, Any]:
     """One flat row of a result (``extra`` keys after the contract's).
 
-    Phases become ``phase_<name>_ms`` (max over ranks, milliseconds), in the
-    order of the phase vocabulary.
+    Units are in the column names, one per kind: times in milliseconds
+    (``step_ms``, ``step_mean_over_ranks_ms``, ``phase_<name>_ms``: max over
+    ranks, in the order of the phase vocabulary), sizes in bytes
+    (``bytes_sent_per_rank``); ``n`` and ``k`` count elements.
     """
     res = json_ready(res)
     row: dict[str, Any] = {}
@@ -52,6 +57,9 @@ def result_row(res: RunResult | dict[str, Any], **extra: Any) -> dict[str, Any]:
         row["model"] = cfg["model"]
     for k in _CONTRACT_SCALARS:
         row[k] = res.get(k)
+    row["step_ms"] = None if res.get("step_seconds") is None else res["step_seconds"] * 1e3
+    if res.get("step_seconds_mean_over_ranks") is not None:
+        row["step_mean_over_ranks_ms"] = res["step_seconds_mean_over_ranks"] * 1e3
     if "n" in res:
         row["n"] = res["n"]
     if "k" in res:
@@ -101,7 +109,15 @@ class CsvLog:
             self._w.writeheader()
 
     def row(self, scheme: str, rec: dict[str, Any]) -> None:
-        self._w.writerow({"scheme": scheme, **rec})
+        """Write one step's log record (``step_seconds``, ``wall_seconds``, ``bytes`` become ms / bytes columns)."""
+        out = {"scheme": scheme}
+        for k, v in rec.items():
+            if k in _STEP_RENAMES:
+                name, factor = _STEP_RENAMES[k]
+                out[name] = v * factor if v is not None else None
+            else:
+                out[k] = v
+        self._w.writerow(out)
         self._f.flush()
 
     def close(self) -> None:
