@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -199,12 +200,18 @@ def test_bench_exchange_times_each_scheme_over_densities(tmp_path):
 def test_bench_scaling_runs_one_job_per_w_and_compares_with_dense(tmp_path):
     j, c, p = tmp_path / "sc.json", tmp_path / "sc.csv", tmp_path / "sc.png"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(HERE.parent), env.get("PYTHONPATH")) if x)
     proc = subprocess.run([sys.executable, "-m", "mpisparse", "bench", "scaling", "--worlds", "1,2", "--densities",
                            "0.01", "--model", "ncf", "--scheme", "topk", "--iters", "2", "--warmup", "0",
                            "--timeout", "120", "--json", str(j), "--csv", str(c), "--plot", str(p)],
-                          capture_output=True, text=True, timeout=300, cwd=HERE.parent, env=env)
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("$ OMP_NUM_THREADS=1 mpisparse bench step -n ") == 2
+    # each job's JSON is kept in a named directory of the working directory: the printed paths exist
+    [runs] = list((tmp_path / "mpisparse-results").glob("scaling-*"))
+    assert f"each job's JSON is in {os.path.join('mpisparse-results', runs.name)}" in proc.stdout
+    named = re.findall(r"--json (\S+)", proc.stdout)
+    assert len(named) == 2 and all((tmp_path / x).is_file() for x in named), named
     objs = json.loads(j.read_text())
     assert sorted((o["scheme"], o["world_size"]) for o in objs) == [("dense", 1), ("dense", 2), ("topk", 1),
                                                                      ("topk", 2)]

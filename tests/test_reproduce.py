@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -82,7 +83,7 @@ def test_a_target_whose_scheme_is_missing_skips_and_names_it(monkeypatch, tmp_pa
         _NeedsMissing().check()
     monkeypatch.setitem(TARGETS, "needs-missing", _NeedsMissing())
     j = tmp_path / "r.json"
-    res = invoke("reproduce", "needs-missing", "--json", str(j))
+    res = invoke("reproduce", "needs-missing", "--json", str(j), "--out", str(tmp_path / "runs"))
     assert res.exit_code == 0, res.output
     assert "SKIPPED: scheme 'no-such-scheme' is not registered" in res.output
     assert json.loads(j.read_text())["skipped"].startswith("scheme 'no-such-scheme'")
@@ -236,14 +237,22 @@ def test_dgs_speedup_claims(tmp_path):
 
 # --------------------------------------------------------------------------- runs
 def test_deft_speedup_runs_end_to_end_in_its_smallest_form(tmp_path):
+    """Run from a fresh working directory, as a user would: the runs' JSON stays in a named directory there,
+    and every path the output names exists afterwards."""
     j = tmp_path / "r.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     env["MPISPARSE_QUICK"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", "mpisparse", "reproduce", "deft-speedup", "--quick", "--json",
-                           str(j), "--markdown"], capture_output=True, text=True, timeout=300, cwd=HERE.parent,
+                           str(j), "--markdown"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     print(proc.stdout)
+    [runs] = list((tmp_path / "mpisparse-results").glob("reproduce-*"))
+    assert re.fullmatch(r"reproduce-\d{8}T\d{6}Z", runs.name)
+    assert f"the underlying runs' JSON is in {os.path.join('mpisparse-results', runs.name)}" in proc.stdout
+    named = re.findall(r"--json (\S+)", proc.stdout)
+    assert named and all((tmp_path / p).is_file() for p in named), named
     assert "$ OMP_NUM_THREADS=1 mpisparse bench select --mode deft --model lstm-wt2 --worlds 1,2,4" in proc.stdout
     assert "claim vs measured" in proc.stdout and "| source | paper's claim |" in proc.stdout
     rep = json.loads(j.read_text())
@@ -260,7 +269,7 @@ def test_reproduce_target_quick(name, tmp_path):
     j = tmp_path / "r.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     proc = subprocess.run([sys.executable, "-m", "mpisparse", "reproduce", name, "--quick", "--json", str(j),
-                           "--timeout", "600"], capture_output=True, text=True, timeout=1200, cwd=HERE.parent,
+                           "--timeout", "600", "--out", str(tmp_path / "runs")], capture_output=True, text=True, timeout=1200, cwd=HERE.parent,
                           env=env)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,14 +16,14 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-from .files import CsvLog, columns_of, json_ready, result_row, write_csv, write_json
+from .files import CsvLog, Fallback, columns_of, json_ready, path_problem, result_row, write_csv, write_json
 from .provenance import gather_provenance
 from .plots import PNG_SIGNATURE, Panel, Series, check_plot_support, plot_history, plot_panels, plot_phase_bars
 from .schema import SCHEMA_VERSION, RunResult
 from .tables import (Column, format_comparison, format_ps_report, format_rows, format_run, format_table,
                      format_train_comparison, mp_summary)
 
-__all__ = ["Column", "CsvLog", "PNG_SIGNATURE", "Panel", "RunResult", "SCHEMA_VERSION", "Series", "gather_provenance",
+__all__ = ["Column", "CsvLog", "Fallback", "path_problem", "PNG_SIGNATURE", "Panel", "RunResult", "SCHEMA_VERSION", "Series", "gather_provenance",
            "check_plot_support", "columns_of", "format_comparison", "format_ps_report", "format_rows",
            "format_run", "format_table", "format_train_comparison", "json_ready", "mp_summary", "plot_history",
            "plot_panels", "plot_phase_bars", "result_row", "write_csv", "write_json", "write_results"]
@@ -41,12 +41,16 @@ def write_results(results: Sequence[RunResult], *, command: str, json_path: Path
     result (``bench step``; ``train``'s per-step log is a :class:`CsvLog`).
     Plot: ``bench step`` draws :func:`plot_phase_bars`, ``train``
     :func:`plot_history` from ``steps`` (scheme -> per-step log records).
-    ``echo`` is told where a plot went.
+    ``echo`` is told where a plot went.  A file that cannot be written is
+    named in a warning on stderr and the results are printed to stdout as
+    JSON instead (:class:`Fallback`): they are never lost.
     """
-    write_json(json_path, results[0] if len(results) == 1 else list(results))
-    if csv_path:
-        write_csv(csv_path, [result_row(r) for r in results])
-    if plot_path:
+    obj = results[0] if len(results) == 1 else list(results)
+    fb = Fallback(obj)
+    fb.attempt("--json", json_path, lambda: write_json(json_path, obj))
+    fb.attempt("--csv", csv_path, lambda: write_csv(csv_path, [result_row(r) for r in results]))
+
+    def plot() -> None:
         if command == "train":
             plot_history(results, steps or {}, plot_path)
         else:
@@ -55,3 +59,5 @@ def write_results(results: Sequence[RunResult], *, command: str, json_path: Path
                                                       f"density {r0.density_target:g}")
         if echo is not None:
             echo(f"plot written to {plot_path}")
+
+    fb.attempt("--plot", plot_path, plot)

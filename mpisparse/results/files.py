@@ -5,13 +5,16 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sys
+import tempfile
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TextIO
 
 from ..timing import PHASES
 from .schema import RunResult
 
-__all__ = ["CSV_STEP_COLUMNS", "CsvLog", "columns_of", "json_ready", "result_row", "write_csv", "write_json"]
+__all__ = ["CSV_STEP_COLUMNS", "CsvLog", "Fallback", "columns_of", "json_ready", "path_problem", "result_row",
+           "write_csv", "write_json"]
 
 _CONTRACT_SCALARS = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank")
 
@@ -122,3 +125,97 @@ class CsvLog:
 
     def close(self) -> None:
         self._f.close()
+
+
+# --------------------------------------------------------------------------- output paths
+def _why(e: OSError) -> str:
+    return (e.strerror or str(e)).lower()
+
+
+def _try_create_in(directory: Path) -> str | None:
+    """Create and remove a file in ``directory``: None when that works, else why not."""
+    try:
+        fd, name = tempfile.mkstemp(dir=directory, prefix=".mpisparse-write-check-")
+    except OSError as e:
+        return f"cannot create a file in {directory}: {_why(e)}"
+    os.close(fd)
+    os.unlink(name)
+    return None
+
+
+def path_problem(path: str | os.PathLike, *, directory: bool = False) -> str | None:
+    """Why ``path`` cannot be written, in a few words (None: it can).
+
+    Tried, not guessed from permission bits (root may write where the bits
+    say no, and nobody writes on a read-only file system): a file is
+    created and removed where the output will go.  A file's directory must
+    exist; a directory (``directory=True``) may be missing, as long as it can
+    be created (its nearest existing ancestor takes new files).  Nothing is
+    left behind.
+    """
+    p = Path(path)
+    if directory:
+        if p.exists():
+            if not p.is_dir():
+                return "it exists and is not a directory"
+            return _try_create_in(p)
+        a = p.parent
+        while not a.exists() and a != a.parent:
+            a = a.parent
+        if not a.is_dir():
+            return f"{a} is not a directory"
+        return _try_create_in(a)
+    if p.is_dir():
+        return "it is a directory"
+    parent = p.parent
+    if not parent.exists():
+        anc = parent
+        while not anc.exists() and anc != anc.parent:
+            anc = anc.parent
+        if anc.exists() and not anc.is_dir():
+            return f"{anc} is not a directory"
+        return f"directory {parent} does not exist"
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if p.exists():
+        try:
+            with open(p, "ab"):
+                pass
+        except OSError as e:
+            return _why(e)
+    return _try_create_in(parent)
+
+
+class Fallback:
+    """Writes the output files of a run; when one cannot be written, the results go to stdout instead.
+
+    ``attempt(option, path, write)`` runs ``write()``; an ``OSError`` becomes
+    one warning line on ``err`` naming the option, the path and why, and the
+    results (``obj``, as JSON) are printed on ``out`` once, however many
+    files failed, so a run's results are never lost to an unwritable path.
+    """
+
+    def __init__(self, obj: Any, *, out: TextIO | None = None, err: TextIO | None = None):
+        self.obj = obj
+        self.out = out
+        self.err = err
+        self.failed: list[str] = []
+
+    def attempt(self, option: str, path: str | os.PathLike | None, write: Callable[[], Any]) -> bool:
+        if not path:
+            return True
+        try:
+            write()
+            return True
+        except OSError as e:
+            err = self.err or sys.stderr
+            out = self.out or sys.stdout
+            first = not self.failed
+            self.failed.append(option)
+            err.write(f"mpisparse: warning: {option} {path}: cannot write it ({_why(e)}); "
+                      + ("the results are printed to stdout as JSON instead\n" if first else "see the JSON on stdout\n"))
+            err.flush()
+            if first:
+                out.write(json.dumps(json_ready(self.obj), indent=2, sort_keys=True, default=str) + "\n")
+                out.flush()
+            return False
