@@ -25,7 +25,7 @@ def info_outputs(report: dict[str, Any], json_path: str | None) -> None:
     from ..info import format_info
 
     click.echo(format_info(report))
-    write_json(json_path, report)
+    Fallback(report).attempt("--json", json_path, lambda: write_json(json_path, report))
 
 
 # --------------------------------------------------------------------------- bench step
