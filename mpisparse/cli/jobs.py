@@ -44,6 +44,11 @@ def _option(name: str, **kw):
 @_option("partition", help="#SBATCH --partition (omitted when not given).")
 @_option("tasks_per_node", metavar="T", help="Ranks per node [default: --gpus-per-node, else 1].")
 @_option("gpus_per_node", metavar="G", help="GPUs per node, one per rank [default: 0].")
+@_option("gres", metavar="GRES", help="#SBATCH --gres instead of --gpus-per-node, e.g. gpu:4 or gpu:a100:4.")
+@click.option("--sbatch", "sbatch", multiple=True, metavar="LINE",
+              help="An extra #SBATCH line, '--option[=value]' (e.g. --sbatch=--constraint=a100); repeatable.")
+@click.option("--requeue", is_flag=True, default=False,
+              help="#SBATCH --requeue (bench; train and sweep requeue themselves and always have it).")
 @click.option("--setup", "setup", multiple=True, metavar="LINE",
               help="Environment set-up line (module load ..., source .../activate); repeatable.")
 @_option("launcher", type=click.Choice(LAUNCHERS), help="srun [default] or mpirun.")
