@@ -100,7 +100,7 @@ COMMON = (
     Param("time", "Time limit, SLURM format (M, H:M:S, D-H:M:S).", required=True),
     Param("account", "#SBATCH --account (left out when not given: the site's default)."),
     Param("partition", "#SBATCH --partition (left out when not given)."),
-    Param("tasks_per_node", "Ranks per node (default: --gpus-per-node, else 1)."),
+    Param("tasks_per_node", "Ranks per node (default: the GPUs per node, else 1)."),
     Param("gpus_per_node", "GPUs per node; one per rank (0: CPU-only job).", default=0),
     Param("gres", "#SBATCH --gres instead of --gpus-per-node (e.g. gpu:4 or gpu:a100:4; its GPU count binds "
                   "one GPU per rank)."),
