@@ -42,7 +42,8 @@ def _option(name: str, **kw):
 @_option("time", metavar="TIME", help="Time limit, SLURM format, e.g. 04:00:00 (required).")
 @_option("account", help="#SBATCH --account (omitted when not given).")
 @_option("partition", help="#SBATCH --partition (omitted when not given).")
-@_option("tasks_per_node", metavar="T", help="Ranks per node [default: the GPUs per node (--gpus-per-node or --gres), else 1].")
+@_option("tasks_per_node", metavar="T",
+         help="Ranks per node [default: the GPUs per node (--gpus-per-node or --gres), else 1].")
 @_option("gpus_per_node", metavar="G", help="GPUs per node, one per rank [default: 0].")
 @_option("gres", metavar="GRES", help="#SBATCH --gres instead of --gpus-per-node, e.g. gpu:4 or gpu:a100:4.")
 @click.option("--sbatch", "sbatch", multiple=True, metavar="LINE",

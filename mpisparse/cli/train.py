@@ -55,8 +55,8 @@ def _split_after(text: str | None) -> list[str]:
 @output_options("Result object (a list with several --scheme).",
                 "Per-step log (rank 0's loss, bytes, density, times).",
                 "PNG of loss and accuracy against iterations and wall-clock time.")
-@click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False), default=None, callback=writable_dir,
-              help="Write a checkpoint here after every epoch (and on SIGUSR1).")
+@click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False), default=None,
+              callback=writable_dir, help="Write a checkpoint here after every epoch (and on SIGUSR1).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
 @click.option("--overwrite-checkpoint", is_flag=True,
               help="Start afresh even if --checkpoint already holds a checkpoint (it is replaced).")

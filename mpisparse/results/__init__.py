@@ -17,16 +17,16 @@ import os
 from typing import Any, Callable, Sequence
 
 from .files import CsvLog, Fallback, columns_of, json_ready, path_problem, result_row, write_csv, write_json
-from .provenance import gather_provenance
 from .plots import PNG_SIGNATURE, Panel, Series, check_plot_support, plot_history, plot_panels, plot_phase_bars
+from .provenance import gather_provenance
 from .schema import SCHEMA_VERSION, RunResult
 from .tables import (Column, format_comparison, format_ps_report, format_rows, format_run, format_table,
                      format_train_comparison, mp_summary)
 
-__all__ = ["Column", "CsvLog", "Fallback", "path_problem", "PNG_SIGNATURE", "Panel", "RunResult", "SCHEMA_VERSION", "Series", "gather_provenance",
-           "check_plot_support", "columns_of", "format_comparison", "format_ps_report", "format_rows",
-           "format_run", "format_table", "format_train_comparison", "json_ready", "mp_summary", "plot_history",
-           "plot_panels", "plot_phase_bars", "result_row", "write_csv", "write_json", "write_results"]
+__all__ = ["Column", "CsvLog", "Fallback", "PNG_SIGNATURE", "Panel", "RunResult", "SCHEMA_VERSION", "Series",
+           "check_plot_support", "columns_of", "format_comparison", "format_ps_report", "format_rows", "format_run",
+           "format_table", "format_train_comparison", "gather_provenance", "json_ready", "mp_summary", "path_problem",
+           "plot_history", "plot_panels", "plot_phase_bars", "result_row", "write_csv", "write_json", "write_results"]
 
 Path = str | os.PathLike
 

@@ -212,8 +212,8 @@ class Fallback:
             out = self.out or sys.stdout
             first = not self.failed
             self.failed.append(option)
-            err.write(f"mpisparse: warning: {option} {path}: cannot write it ({_why(e)}); "
-                      + ("the results are printed to stdout as JSON instead\n" if first else "see the JSON on stdout\n"))
+            then = "the results are printed to stdout as JSON instead" if first else "see the JSON on stdout"
+            err.write(f"mpisparse: warning: {option} {path}: cannot write it ({_why(e)}); {then}\n")
             err.flush()
             if first:
                 out.write(json.dumps(json_ready(self.obj), indent=2, sort_keys=True, default=str) + "\n")
