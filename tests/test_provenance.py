@@ -81,7 +81,12 @@ def test_bench_step_result_carries_provenance(tmp_path):
         assert prov["toolkit"]["git_commit"] == head.stdout.strip()
     import mpi4py
     import numpy
-    from mpi4py import MPI
+
+    # the MPI library as a fresh process sees it (importing mpi4py.MPI here would initialize MPI in pytest)
+    lib, std = json.loads(subprocess.run(
+        [sys.executable, "-c", "import json; from mpi4py import MPI; "
+                               "print(json.dumps([MPI.Get_library_version(), '%d.%d' % MPI.Get_version()]))"],
+        capture_output=True, text=True, env=env, timeout=60, check=True).stdout)
 
     v = prov["versions"]
     assert v["mpi4py"] == mpi4py.__version__ and v["numpy"] == numpy.__version__
@@ -98,9 +103,10 @@ def test_bench_step_result_carries_provenance(tmp_path):
         assert v["cupy"] is None
     else:
         assert v["cupy"] == cupy.__version__
-    assert prov["mpi"]["library_version"] == MPI.Get_library_version().strip().splitlines()[0].strip()
-    assert prov["mpi"]["library"] and prov["mpi"]["standard"] == "%d.%d" % MPI.Get_version()
+    assert prov["mpi"]["library_version"] == lib.strip().splitlines()[0].strip()
+    assert prov["mpi"]["library"] and prov["mpi"]["standard"] == std
     assert prov["gpus"] == [] and prov["cuda_aware"] in (True, False)
     when = dt.datetime.fromisoformat(prov["timestamp_utc"])
     assert when.utcoffset() == dt.timedelta(0) and before <= when <= dt.datetime.now(dt.timezone.utc)
     assert RunResult.from_dict(results[0]).provenance == prov
+    assert "mpi4py.MPI" not in sys.modules or not sys.modules["mpi4py.MPI"].Is_initialized()
