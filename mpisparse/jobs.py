@@ -12,10 +12,11 @@ What :func:`render` checks before it returns a script:
 * the values (:func:`resolve`): times, counts, names, paths, densities,
   ``--gres`` or ``--gpus-per-node`` (not both), ``--sbatch`` lines;
 * ``--args`` against the command the template runs, with click's own parser
-  on that command (:func:`check_args`): an option ``mpisparse train`` (or
-  ``bench step``) does not have, a missing value, a value given to a flag,
-  a choice that is not one of the choices, or a stray argument is a
-  one-line error naming it;
+  on that command (``mpisparse jobs render`` passes the checker,
+  :func:`mpisparse.cli.jobs.args_checker`; this module does not import the
+  CLI): an option ``mpisparse train`` (or ``bench step``) does not have, a
+  missing value, a value given to a flag, a choice that is not one of the
+  choices, or a stray argument is a one-line error naming it;
 * the ``#SBATCH`` header (:func:`check_header`): every line is
   ``#SBATCH --option[=value]`` and comes before the first command (sbatch
   reads no ``#SBATCH`` line after it);
@@ -47,7 +48,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 from .registry import validate_density
 
@@ -204,8 +205,14 @@ def _as_int(name: str, value: Any, low: int) -> int:
     return v
 
 
-def resolve(name: str, given: dict[str, Any]) -> dict[str, Any]:
+def resolve(name: str, given: dict[str, Any], *,
+            check_args: Callable[[str, list[str]], None] | None = None) -> dict[str, Any]:
     """Check ``given`` against template ``name``; returns every parameter's value.
+
+    ``check_args(command, words)``: checks ``--args`` against the mpisparse
+    command the template runs (``mpisparse jobs render`` passes
+    :func:`mpisparse.cli.jobs.args_checker`'s, built on click's own parser);
+    None leaves ``--args`` to the shell-word and reserved-option checks.
 
     Raises :class:`RenderError` (one line) for an unknown template, missing
     required values (all named at once), options the template does not take,
@@ -288,7 +295,8 @@ def resolve(name: str, given: dict[str, Any]) -> dict[str, Any]:
         if flag in _RESERVED[name]:
             raise RenderError(f"--args has {flag}: the {name} template sets it itself "
                               f"(it sets {', '.join(_RESERVED[name])})")
-    check_args(t.command, words)
+    if check_args is not None:
+        check_args(t.command, words)
     return v
 
 
@@ -321,46 +329,6 @@ def sbatch_line(line: str) -> str:
     return text
 
 
-@functools.lru_cache(maxsize=None)
-def _command(path: str):
-    from .cli import cli
-
-    cmd = cli
-    for word in path.split():
-        cmd = cmd.commands[word]
-    return cmd
-
-
-def check_args(command: str, words: list[str]) -> None:
-    """``words`` against ``mpisparse COMMAND``'s options, with click's own parser.
-
-    An unknown option, an option without its value, a value given to a
-    flag, a choice that is not one of the option's choices, and a stray
-    argument are errors (:class:`RenderError`, one line).  Other values are
-    not converted: ``$VARIABLES`` expand only when the job runs.
-    """
-    import click
-
-    cmd = _command(command)
-    ctx = click.Context(cmd, info_name=f"mpisparse {command}")
-    try:
-        opts, extra, _ = cmd.make_parser(ctx).parse_args(list(words))
-    except click.UsageError as e:
-        raise RenderError(f"--args: {e.format_message()} (mpisparse {command})") from None
-    if extra:
-        raise RenderError(f"--args: unexpected argument {extra[0]!r} (mpisparse {command} takes options only)")
-    params = {p.name: p for p in cmd.params}
-    for name, value in opts.items():
-        p = params.get(name)
-        if p is None or not isinstance(p.type, click.Choice):
-            continue
-        for item in (value if isinstance(value, (list, tuple)) else [value]):
-            if isinstance(item, str) and "$" not in item and item not in p.type.choices:
-                flag = max(p.opts, key=len)
-                raise RenderError(f"--args: {flag} {item!r} is not one of {', '.join(map(str, p.type.choices))} "
-                                  f"(mpisparse {command})")
-
-
 def check_header(text: str) -> None:
     """Every ``#SBATCH`` line is ``#SBATCH --option[=value]`` and comes before the first command."""
     first_command = None
@@ -376,9 +344,14 @@ def check_header(text: str) -> None:
             first_command = i
 
 
-def render(name: str, given: dict[str, Any], *, command_line: str | None = None) -> str:
-    """The job script of template ``name`` with ``given`` values (a pure function but for ``bash -n``)."""
-    v = resolve(name, given)
+def render(name: str, given: dict[str, Any], *, command_line: str | None = None,
+           check_args: Callable[[str, list[str]], None] | None = None) -> str:
+    """The job script of template ``name`` with ``given`` values (a pure function but for ``bash -n``).
+
+    ``check_args``: see :func:`resolve`.  The ``#SBATCH`` header and the whole
+    script are checked before the text is returned.
+    """
+    v = resolve(name, given, check_args=check_args)
     t = TEMPLATES[name]
     values = {
         **{k: v[k] for k in ("job_name", "account", "partition", "time", "nodes", "tasks_per_node", "output",

@@ -22,12 +22,16 @@ import pytest
 
 from conftest import HERE
 from mpisparse import jobs
+from mpisparse.cli import cli as mpisparse_cli
+from mpisparse.cli.jobs import args_checker
 from mpisparse.launch import find_mpiexec, launcher_flavor
 
 ROOT = HERE.parent
 STUBS = HERE / "slurm_stub"
 MPISPARSE = [sys.executable, "-m", "mpisparse"]
 BASE = {"nodes": 2, "time": "01:00:00"}
+#: --args against the rendered command, with click's parser (what `mpisparse jobs render` passes to render)
+CHECK_ARGS = args_checker(mpisparse_cli)
 TRAIN = {**BASE, "args": "--model mlp --data digits"}
 
 
@@ -173,7 +177,7 @@ def test_time_formats():
 ])
 def test_render_errors_name_the_problem(given, message):
     with pytest.raises(jobs.RenderError) as e:
-        jobs.render("train", given)
+        jobs.render("train", given, check_args=CHECK_ARGS)  # what `mpisparse jobs render` checks
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -223,6 +227,8 @@ def test_cli_render_errors_are_one_line(args, message):
 def test_examples_in_jobs_dir_are_up_to_date():
     """jobs/ holds what `mpisparse jobs examples jobs/` writes; regenerate after changing a template."""
     expected = jobs.render_examples()
+    for fname, (name, given) in jobs.EXAMPLES.items():  # their --args are valid options of the command
+        assert jobs.render(name, given, check_args=CHECK_ARGS) == expected[fname]
     on_disk = {p.name: p.read_text() for p in (ROOT / "jobs").glob("*.sbatch")}
     assert set(on_disk) == set(expected), "run: mpisparse jobs examples jobs/"
     for name, text in expected.items():
