@@ -1,20 +1,33 @@
 """SLURM job scripts from the bundled templates (the command is ``mpisparse jobs list|render|examples``).
 
-The templates live in ``mpisparse/templates/jobs/`` (shipped in the wheel);
-``jobs/`` at the top of the repository holds scripts rendered from them by
-``mpisparse jobs examples jobs/`` (a test keeps those up to date).
+The templates live in ``mpisparse/templates/jobs/`` (shipped in the wheel)
+and are Jinja2 (``StrictUndefined``: a name a template uses but is not
+given is an error; comments are ``{## ##}`` so bash's ``${#array[@]}`` is
+plain text); ``jobs/`` at the top of the repository holds scripts
+rendered from them by ``mpisparse jobs examples jobs/`` (a test keeps those
+up to date).  :func:`render` is a pure function but for ``bash -n``.
 
-Templates are plain bash with ``{{name}}`` placeholders.  :func:`render` is a
-pure function: a line holding a placeholder whose value is ``None`` is left
-out (``#SBATCH --account`` when no account is given); a placeholder alone on
-its line may expand to several lines.  Every rendered script is checked with
-``bash -n`` when bash is available.
+What :func:`render` checks before it returns a script:
+
+* the values (:func:`resolve`): times, counts, names, paths, densities,
+  ``--gres`` or ``--gpus-per-node`` (not both), ``--sbatch`` lines;
+* ``--args`` against the command the template runs, with click's own parser
+  on that command (``mpisparse jobs render`` passes the checker,
+  :func:`mpisparse.cli.jobs.args_checker`; this module does not import the
+  CLI): an option ``mpisparse train`` (or ``bench step``) does not have, a
+  missing value, a value given to a flag, a choice that is not one of the
+  choices, or a stray argument is a one-line error naming it;
+* the ``#SBATCH`` header (:func:`check_header`): every line is
+  ``#SBATCH --option[=value]`` and comes before the first command (sbatch
+  reads no ``#SBATCH`` line after it);
+* the whole script with ``bash -n`` (when bash is there).
 
 What every script does (the templates' comments say the same):
 
-1. ``#SBATCH`` lines from the options, ``--requeue``, ``--open-mode=append`` and
+1. ``#SBATCH`` lines from the options, ``--open-mode=append`` and
    ``--signal=B:USR1@S``: S seconds before the time limit SLURM sends USR1 to
-   the batch script only.
+   the batch script only.  ``--requeue`` where the script requeues itself
+   (``train`` and ``sweep``, always; ``bench`` when ``--requeue`` is given).
 2. The job step runs ``srun --mpi=pmix --kill-on-bad-exit=1`` (one failing rank
    ends the step) or ``mpirun`` in the background; the script's USR1 trap sends
    USR1 (train) or TERM (benchmarks) to the launcher, which hands it to the ranks.
@@ -22,29 +35,38 @@ What every script does (the templates' comments say the same):
    ``scontrol requeue``; the requeued job finds ``CHECKPOINT/LATEST`` and adds
    ``--resume``.  The sweep skips the points whose JSON exists, so it goes on
    after a requeue the same way.
-4. One GPU per rank: ``#SBATCH --gpus-per-node=G`` and, per rank, the local
-   rank's entry of the node's ``CUDA_VISIBLE_DEVICES`` (see ``_bind_lines``).
+4. One GPU per rank: ``#SBATCH --gpus-per-node=G`` (or ``--gres=gpu:G``) and,
+   per rank, the local rank's entry of the node's ``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 from .registry import validate_density
 
-PLACEHOLDER = re.compile(r"\{\{([a-z_]+)\}\}")
+#: what is left of a Jinja2 expression or tag in a rendered script (none may be)
+PLACEHOLDER = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{##")
+#: one ``#SBATCH`` line: a long option, with a value after ``=`` or none
+SBATCH_LINE = re.compile(r"^#SBATCH --[A-Za-z][A-Za-z0-9-]*(=\S.*)?$")
 LAUNCHERS = ("srun", "mpirun")
 # SLURM's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _TIME = re.compile(r"^(?:(\d+)-(\d+)(?::(\d+)(?::(\d+))?)?|(\d+)(?::(\d+)(?::(\d+))?)?)$")
 _SAFE_PATH = re.compile(r'^[^"`\\\n]+$')  # goes between double quotes; $VARIABLES expand at run time
 _JOB_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
 _WORD = re.compile(r"^[A-Za-z0-9_.+:-]+$")
+# SLURM's GRES: name[:type][:count], comma-separated (gpu:4, gpu:a100:4, gpu:2,nvme:1)
+_GRES = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(:[A-Za-z0-9_.-]+)*(,[A-Za-z][A-Za-z0-9_]*(:[A-Za-z0-9_.-]+)*)*$")
+# options the header sets itself (not allowed in --sbatch)
+_HEADER_OPTIONS = ("job-name", "account", "partition", "time", "nodes", "ntasks-per-node", "gpus-per-node", "gres",
+                   "output", "open-mode", "signal", "requeue", "no-requeue")
 
 
 class RenderError(ValueError):
@@ -68,6 +90,7 @@ class Template:
     command: str  # the mpisparse command the job runs
     step_signal: str  # what the USR1 trap sends to the running job step
     params: tuple[Param, ...] = field(default_factory=tuple)
+    requeues: bool = False  # requeues itself at the time limit: always #SBATCH --requeue
 
     def param(self, name: str) -> Param | None:
         return next((p for p in self.params if p.name == name), None)
@@ -78,8 +101,14 @@ COMMON = (
     Param("time", "Time limit, SLURM format (M, H:M:S, D-H:M:S).", required=True),
     Param("account", "#SBATCH --account (left out when not given: the site's default)."),
     Param("partition", "#SBATCH --partition (left out when not given)."),
-    Param("tasks_per_node", "Ranks per node (default: --gpus-per-node, else 1)."),
+    Param("tasks_per_node", "Ranks per node (default: the GPUs per node, else 1)."),
     Param("gpus_per_node", "GPUs per node; one per rank (0: CPU-only job).", default=0),
+    Param("gres", "#SBATCH --gres instead of --gpus-per-node (e.g. gpu:4 or gpu:a100:4; its GPU count binds "
+                  "one GPU per rank)."),
+    Param("sbatch", "An extra '#SBATCH --option[=value]' line (e.g. --sbatch --constraint=a100); repeatable.",
+          default=()),
+    Param("requeue", "#SBATCH --requeue (train and sweep requeue themselves at the time limit and always have "
+                     "it; bench only when asked).", default=False),
     Param("setup", "A line of environment set-up (module load, source venv/bin/activate); repeatable.",
           default=()),
     Param("launcher", "srun (PMI via --srun-mpi) or mpirun.", default="srun"),
@@ -94,7 +123,7 @@ COMMON = (
 TEMPLATES: dict[str, Template] = {t.name: t for t in (
     Template(
         "train", "mpisparse train across the allocation; checkpoints, requeues before the time limit, resumes.",
-        command="train", step_signal="USR1",
+        command="train", step_signal="USR1", requeues=True,
         params=COMMON + (
             Param("args", "The mpisparse train arguments, e.g. '--model resnet18 --data cifar10 "
                           "--data-dir $SCRATCH/cifar10 --scheme deft --density 0.01'.", required=True),
@@ -113,7 +142,7 @@ TEMPLATES: dict[str, Template] = {t.name: t for t in (
     Template(
         "sweep", "Scaling sweep: bench step on 1, 2, 4, ... nodes and the whole allocation, per density; "
                  "requeues and skips finished points.",
-        command="bench step", step_signal="TERM",
+        command="bench step", step_signal="TERM", requeues=True,
         params=COMMON + (
             Param("args", "The mpisparse bench step arguments (without --density).",
                   default="--model resnet50 --scheme dense --scheme topk --scheme cltk --iters 20"),
@@ -138,22 +167,19 @@ def template_text(name: str) -> str:
     return resources.files("mpisparse").joinpath("templates", "jobs", f"{name}.sbatch.in").read_text()
 
 
-def substitute(text: str, values: dict[str, Any]) -> str:
-    """Fill ``{{name}}`` placeholders; drop lines whose placeholder value is None.
+@functools.lru_cache(maxsize=1)
+def environment():
+    """The Jinja2 environment of the templates (loaded from the package, so it works from a wheel)."""
+    import jinja2
 
-    A value with newlines replaces its line's placeholder and keeps the line's
-    indentation on every line.  An unknown placeholder raises KeyError (a
-    template bug, caught by the tests).
-    """
-    out = []
-    for line in text.splitlines():
-        names = PLACEHOLDER.findall(line)
-        if any(values[n] is None for n in names):
-            continue
-        indent = line[: len(line) - len(line.lstrip())]
-        line = PLACEHOLDER.sub(lambda m: str(values[m.group(1)]).replace("\n", "\n" + indent), line)
-        out.append(line)
-    return "\n".join(out) + "\n"
+    def load(name: str):
+        if not name.endswith(".sbatch.in"):
+            return None
+        return template_text(name[: -len(".sbatch.in")])
+
+    return jinja2.Environment(loader=jinja2.FunctionLoader(load), undefined=jinja2.StrictUndefined,
+                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False,
+                              comment_start_string="{##", comment_end_string="##}")
 
 
 def time_seconds(value: str) -> int:
@@ -169,41 +195,6 @@ def time_seconds(value: str) -> int:
     return int(mm) * 60 + int(ms or 0)
 
 
-def _launch_lines(launcher: str, srun_mpi: str, extra: str) -> str:
-    """The job-step command inside ``run_ranks`` (``$nodes`` and ``"$@"`` are its arguments)."""
-    extra = f" {extra}" if extra else ""
-    if launcher == "srun":
-        mpi = "" if srun_mpi == "default" else f"--mpi={srun_mpi} "
-        return (f'    srun {mpi}--kill-on-bad-exit=1 --nodes="$nodes" --ntasks=$((nodes * TASKS_PER_NODE)) \\\n'
-                f'        --ntasks-per-node="$TASKS_PER_NODE"{extra} "${{RANK[@]}}" "$@" &')
-    # mpirun finds the allocation itself; --host pins the first NODES nodes, TASKS_PER_NODE slots each
-    # (MPICH's hydra and Open MPI both read host:slots).  A failing rank ends an mpirun job.
-    return ('    local hosts\n'
-            '    hosts=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n "$nodes" '
-            '| sed "s/\\$/:$TASKS_PER_NODE/" | paste -sd, -)\n'
-            f'    mpirun -n $((nodes * TASKS_PER_NODE)) --host "$hosts"{extra} "${{RANK[@]}}" "$@" &')
-
-
-def _bind_lines(gpus_per_node: int) -> str:
-    """``RANK``: what each rank runs before mpisparse (one GPU per rank, by local rank).
-
-    We bind in the rank rather than with ``srun --gpus-per-task=1``: the same
-    lines work under srun and mpirun (local rank from SLURM_LOCALID,
-    OMPI_COMM_WORLD_LOCAL_RANK or MPI_LOCALRANKID), need no cons_tres GRES
-    set-up, and index into the GPUs SLURM gave the node (its
-    CUDA_VISIBLE_DEVICES), so on a shared node a rank never picks another
-    job's GPU the way ``CUDA_VISIBLE_DEVICES=$SLURM_LOCALID`` would.
-    """
-    if gpus_per_node == 0:
-        return "RANK=()  # CPU-only job: ranks run mpisparse directly"
-    return ("# One GPU per rank: the rank with local index L keeps the L-th of the GPUs SLURM gave\n"
-            "# this node (its CUDA_VISIBLE_DEVICES), then runs mpisparse.\n"
-            "RANK=(bash -c 'l=${SLURM_LOCALID:-${OMPI_COMM_WORLD_LOCAL_RANK:-${MPI_LOCALRANKID:-0}}}\n"
-            "IFS=, read -ra gpus <<<\"${CUDA_VISIBLE_DEVICES:-}\"\n"
-            "if [ \"${#gpus[@]}\" -gt 0 ]; then export CUDA_VISIBLE_DEVICES=${gpus[l % ${#gpus[@]}]}; fi\n"
-            "exec \"$@\"' one-gpu-per-rank)")
-
-
 def _as_int(name: str, value: Any, low: int) -> int:
     try:
         v = int(value)
@@ -214,8 +205,14 @@ def _as_int(name: str, value: Any, low: int) -> int:
     return v
 
 
-def resolve(name: str, given: dict[str, Any]) -> dict[str, Any]:
+def resolve(name: str, given: dict[str, Any], *,
+            check_args: Callable[[str, list[str]], None] | None = None) -> dict[str, Any]:
     """Check ``given`` against template ``name``; returns every parameter's value.
+
+    ``check_args(command, words)``: checks ``--args`` against the mpisparse
+    command the template runs (``mpisparse jobs render`` passes
+    :func:`mpisparse.cli.jobs.args_checker`'s, built on click's own parser);
+    None leaves ``--args`` to the shell-word and reserved-option checks.
 
     Raises :class:`RenderError` (one line) for an unknown template, missing
     required values (all named at once), options the template does not take,
@@ -236,12 +233,23 @@ def resolve(name: str, given: dict[str, Any]) -> dict[str, Any]:
     v["nodes"] = _as_int("nodes", v["nodes"], 1)
     v["gpus_per_node"] = _as_int("gpus_per_node", v["gpus_per_node"], 0)
     v["signal_before"] = _as_int("signal_before", v["signal_before"], 1)
+    gpu_option = f"--gpus-per-node {v['gpus_per_node']}"
+    v["gpus"] = v["gpus_per_node"]
+    if v["gres"] is not None:
+        if v["gpus_per_node"]:
+            raise RenderError(f"--gres {v['gres']} and --gpus-per-node {v['gpus_per_node']}: give one of them")
+        v["gpus"] = gres_gpus(str(v["gres"]))
+        gpu_option = f"--gres {v['gres']} ({v['gpus']} GPUs)"
     if v["tasks_per_node"] is None:
-        v["tasks_per_node"] = v["gpus_per_node"] or 1
+        v["tasks_per_node"] = v["gpus"] or 1
     v["tasks_per_node"] = _as_int("tasks_per_node", v["tasks_per_node"], 1)
-    if v["gpus_per_node"] and v["tasks_per_node"] > v["gpus_per_node"]:
-        raise RenderError(f"--tasks-per-node {v['tasks_per_node']} exceeds --gpus-per-node {v['gpus_per_node']}: "
+    if v["gpus"] and v["tasks_per_node"] > v["gpus"]:
+        raise RenderError(f"--tasks-per-node {v['tasks_per_node']} exceeds {gpu_option}: "
                           "one GPU per rank needs tasks per node <= GPUs per node")
+    v["sbatch"] = [sbatch_line(line) for line in v["sbatch"]]
+    if not isinstance(v["requeue"], bool):
+        raise RenderError(f"--requeue is {v['requeue']!r}; allowed: a flag (True or False)")
+    v["requeue"] = v["requeue"] or t.requeues
     limit = time_seconds(str(v["time"]))
     if limit <= v["signal_before"]:
         raise RenderError(f"--time {v['time']} ({limit} s) must be longer than --signal-before "
@@ -287,32 +295,78 @@ def resolve(name: str, given: dict[str, Any]) -> dict[str, Any]:
         if flag in _RESERVED[name]:
             raise RenderError(f"--args has {flag}: the {name} template sets it itself "
                               f"(it sets {', '.join(_RESERVED[name])})")
+    if check_args is not None:
+        check_args(t.command, words)
     return v
 
 
-def render(name: str, given: dict[str, Any], *, command_line: str | None = None) -> str:
-    """The job script of template ``name`` with ``given`` values (a pure function but for ``bash -n``)."""
-    v = resolve(name, given)
+def gres_gpus(gres: str) -> int:
+    """GPUs per node a ``--gres`` value asks for (``gpu:4``, ``gpu:a100:4`` -> 4; ``gpu`` -> 1; none -> 0)."""
+    if not _GRES.match(gres):
+        raise RenderError(f"--gres is {gres!r}; allowed: SLURM's name[:type][:count], comma-separated "
+                          "(e.g. gpu:4, gpu:a100:4)")
+    gpus = 0
+    for item in gres.split(","):
+        parts = item.split(":")
+        if parts[0] != "gpu":
+            continue
+        count = parts[-1] if len(parts) > 1 and parts[-1].isdigit() else "1"
+        gpus += int(count)
+    return gpus
+
+
+def sbatch_line(line: str) -> str:
+    """An extra ``--sbatch`` line as ``--option[=value]`` (a leading ``#SBATCH`` is accepted and dropped)."""
+    text = str(line).strip()
+    if text.startswith("#SBATCH"):
+        text = text[len("#SBATCH"):].strip()
+    if "\n" in text or not SBATCH_LINE.match(f"#SBATCH {text}"):
+        raise RenderError(f"--sbatch {line!r}; allowed: one '--option' or '--option=value' (SLURM's long form)")
+    opt = text[2:].split("=", 1)[0]
+    if opt in _HEADER_OPTIONS:
+        raise RenderError(f"--sbatch {line!r}: the template sets --{opt} itself; use the jobs render option "
+                          "for it")
+    return text
+
+
+def check_header(text: str) -> None:
+    """Every ``#SBATCH`` line is ``#SBATCH --option[=value]`` and comes before the first command."""
+    first_command = None
+    for i, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if line.startswith("#SBATCH"):
+            if first_command is not None:
+                raise RenderError(f"the rendered script has '#SBATCH' on line {i}, after the first command "
+                                  f"(line {first_command}); sbatch would ignore it")
+            if not SBATCH_LINE.match(line):
+                raise RenderError(f"the rendered script's line {i} {line!r} is not '#SBATCH --option[=value]'")
+        elif stripped and not stripped.startswith("#") and first_command is None:
+            first_command = i
+
+
+def render(name: str, given: dict[str, Any], *, command_line: str | None = None,
+           check_args: Callable[[str, list[str]], None] | None = None) -> str:
+    """The job script of template ``name`` with ``given`` values (a pure function but for ``bash -n``).
+
+    ``check_args``: see :func:`resolve`.  The ``#SBATCH`` header and the whole
+    script are checked before the text is returned.
+    """
+    v = resolve(name, given, check_args=check_args)
     t = TEMPLATES[name]
-    setup = "\n".join(v["setup"]) if v["setup"] else \
-        "# (none given: add lines with --setup 'module load ...' --setup 'source .../bin/activate')"
     values = {
         **{k: v[k] for k in ("job_name", "account", "partition", "time", "nodes", "tasks_per_node", "output",
-                             "signal_before")},
+                             "signal_before", "gres", "sbatch", "requeue", "setup", "args", "launcher",
+                             "srun_mpi", "launcher_args", "gpus")},
         "gpus_per_node": v["gpus_per_node"] or None,
         "title": f"mpisparse job: {t.description}",
         "render_command": command_line if command_line is not None else render_command_line(name, given),
-        "setup": setup,
-        "args": v["args"],
         "step_signal": t.step_signal,
-        "launch": _launch_lines(v["launcher"], v["srun_mpi"], v["launcher_args"]),
-        "bind": _bind_lines(v["gpus_per_node"]),
         "checkpoint_dir": v.get("checkpoint_dir"),
         "results": v.get("results"),
         "densities": v.get("densities"),
     }
-    header = substitute(template_text("_header"), values).rstrip("\n")
-    text = substitute(template_text(name), {**values, "header": header})
+    text = environment().get_template(f"{name}.sbatch.in").render(**values)
+    check_header(text)
     check_syntax(text)
     return text
 
@@ -322,9 +376,12 @@ def render_command_line(name: str, given: dict[str, Any]) -> str:
     parts = [name]
     for p in TEMPLATES[name].params if name in TEMPLATES else ():
         val = given.get(p.name)
-        if val is None or val == ():
+        if val is None or val == () or val is False:
             continue
         flag = "--" + p.name.replace("_", "-")
+        if val is True:
+            parts.append(flag)
+            continue
         for item in (val if isinstance(val, (list, tuple)) else [val]):
             parts += [flag, str(item)]
     return shlex.join(parts)
@@ -347,7 +404,7 @@ def format_list() -> str:
         lines.append(f"{t.name:<7}{t.description}")
         lines.append(f"{'':<7}runs: mpisparse {t.command}; on the time-limit warning the step gets SIG{t.step_signal}")
         for p in sorted(t.params, key=lambda p: not p.required):
-            note = " (required)" if p.required else ("" if p.default in (None, (), "") else
+            note = " (required)" if p.required else ("" if p.default in (None, (), "") or p.default is False else
                                                       f" [default: {p.default}]")
             lines.append(f"{'':<9}--{p.name.replace('_', '-'):<16}{p.help}{note}")
         lines.append("")

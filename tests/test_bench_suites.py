@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,8 @@ from mpisparse.cli import cli
 
 CONTRACT = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank", "phases",
             "step_seconds", "config")
-CSV_HEAD = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank", "step_seconds")
+# CSV columns carry their units: times in ms, sizes in bytes (never seconds)
+CSV_HEAD = ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank", "step_ms")
 
 
 def has_matplotlib() -> bool:
@@ -77,6 +79,7 @@ def test_result_row_and_csv_put_contract_first_and_phases_in_vocabulary_order(tm
     row = result_row(res, extra=1)
     assert list(row)[:7] == ["model", *CSV_HEAD]
     assert row["phase_select_ms"] == pytest.approx(200.0) and row["extra"] == 1
+    assert row["step_ms"] == pytest.approx(500.0) and not any(k.endswith("seconds") for k in row)
     other = dict(res, phases={"exchange_values": 0.3})
     cols = columns_of([row, result_row(other)])
     assert cols[-3:] == ["phase_select_ms", "phase_exchange_values_ms", "phase_update_ms"]
@@ -197,12 +200,18 @@ def test_bench_exchange_times_each_scheme_over_densities(tmp_path):
 def test_bench_scaling_runs_one_job_per_w_and_compares_with_dense(tmp_path):
     j, c, p = tmp_path / "sc.json", tmp_path / "sc.csv", tmp_path / "sc.png"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (str(HERE.parent), env.get("PYTHONPATH")) if x)
     proc = subprocess.run([sys.executable, "-m", "mpisparse", "bench", "scaling", "--worlds", "1,2", "--densities",
                            "0.01", "--model", "ncf", "--scheme", "topk", "--iters", "2", "--warmup", "0",
                            "--timeout", "120", "--json", str(j), "--csv", str(c), "--plot", str(p)],
-                          capture_output=True, text=True, timeout=300, cwd=HERE.parent, env=env)
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("$ OMP_NUM_THREADS=1 mpisparse bench step -n ") == 2
+    # each job's JSON is kept in a named directory of the working directory: the printed paths exist
+    [runs] = list((tmp_path / "mpisparse-results").glob("scaling-*"))
+    assert f"each job's JSON is in {os.path.join('mpisparse-results', runs.name)}" in proc.stdout
+    named = re.findall(r"--json (\S+)", proc.stdout)
+    assert len(named) == 2 and all((tmp_path / x).is_file() for x in named), named
     objs = json.loads(j.read_text())
     assert sorted((o["scheme"], o["world_size"]) for o in objs) == [("dense", 1), ("dense", 2), ("topk", 1),
                                                                      ("topk", 2)]

@@ -22,12 +22,16 @@ import pytest
 
 from conftest import HERE
 from mpisparse import jobs
+from mpisparse.cli import cli as mpisparse_cli
+from mpisparse.cli.jobs import args_checker
 from mpisparse.launch import find_mpiexec, launcher_flavor
 
 ROOT = HERE.parent
 STUBS = HERE / "slurm_stub"
 MPISPARSE = [sys.executable, "-m", "mpisparse"]
 BASE = {"nodes": 2, "time": "01:00:00"}
+#: --args against the rendered command, with click's parser (what `mpisparse jobs render` passes to render)
+CHECK_ARGS = args_checker(mpisparse_cli)
 TRAIN = {**BASE, "args": "--model mlp --data digits"}
 
 
@@ -55,7 +59,10 @@ def test_every_template_renders_to_valid_bash(name, launcher, gpus):
     first_cmd = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
     assert all(i < first_cmd for i, line in enumerate(lines) if line.startswith("#SBATCH"))
     assert "#SBATCH --nodes=2\n" in text and "#SBATCH --time=01:00:00\n" in text
-    assert "#SBATCH --signal=B:USR1@120\n" in text and "#SBATCH --requeue\n" in text
+    assert "#SBATCH --signal=B:USR1@120\n" in text
+    # only the templates that requeue themselves ask for it unless --requeue is given
+    assert ("#SBATCH --requeue\n" in text) == (name in ("train", "sweep"))
+    jobs.check_header(text)
     assert "trap on_usr1 USR1" in text
     command = jobs.TEMPLATES[name].command
     assert f'mpisparse {command} "${{ARGS[@]}}"' in text
@@ -97,6 +104,39 @@ def test_options_appear_and_optional_lines_drop():
     assert "srun --kill-on-bad-exit=1" in plain
 
 
+def test_gres_sbatch_lines_and_requeue_on_request():
+    text = jobs.render("bench", {**BASE, "gres": "gpu:a100:4", "sbatch": ("--constraint=a100", "#SBATCH --mem=0"),
+                                 "args": "--model vgg16 --scheme topk --iters $ITERS"})
+    jobs.check_header(text)
+    assert "#SBATCH --gres=gpu:a100:4\n" in text and "--gpus-per-node" not in text
+    assert "#SBATCH --ntasks-per-node=4\n" in text and "export CUDA_VISIBLE_DEVICES=" in text  # one GPU per rank
+    assert "#SBATCH --constraint=a100\n#SBATCH --mem=0\n" in text
+    assert "#SBATCH --requeue" not in text and "scontrol requeue" not in text
+    asked = jobs.render("bench", {**BASE, "requeue": True})
+    assert "#SBATCH --requeue\n" in asked and 'scontrol requeue "$SLURM_JOB_ID"' in asked
+    assert "--requeue" in asked.splitlines()[2]  # the header's render command says so too
+    assert jobs.gres_gpus("gpu:2,nvme:1") == 2 and jobs.gres_gpus("nvme:1") == 0 and jobs.gres_gpus("gpu") == 1
+    cpu = jobs.render("bench", {**BASE, "gres": "nvme:1"})
+    assert "#SBATCH --gres=nvme:1\n" in cpu and "RANK=()" in cpu
+
+
+def test_header_check_names_the_bad_line():
+    with pytest.raises(jobs.RenderError, match=r"line 3 '#SBATCH -N 2' is not '#SBATCH --option\[=value\]'"):
+        jobs.check_header("#!/bin/bash\n#SBATCH --nodes=2\n#SBATCH -N 2\necho hi\n")
+    with pytest.raises(jobs.RenderError, match=r"'#SBATCH' on line 3, after the first command \(line 2\)"):
+        jobs.check_header("#!/bin/bash\necho hi\n#SBATCH --nodes=2\n")
+    jobs.check_header("#!/bin/bash\n# a comment\n\n#SBATCH --comment=two words\nset -u\n# SBATCH off\n")
+
+
+def test_templates_are_jinja2_with_strict_undefined():
+    import jinja2
+
+    env = jobs.environment()
+    assert env.undefined is jinja2.StrictUndefined
+    with pytest.raises(jinja2.UndefinedError):
+        env.get_template("train.sbatch.in").render(title="x")
+
+
 def test_time_formats():
     assert jobs.time_seconds("30") == 1800
     assert jobs.time_seconds("30:15") == 1815
@@ -121,12 +161,23 @@ def test_time_formats():
     ({**TRAIN, "args": "--model mlp --resume"}, "--args has --resume"),
     ({**TRAIN, "args": "-n 4"}, "--args has -n"),
     ({**TRAIN, "args": "--model 'mlp"}, "is not valid shell words"),
-    ({**TRAIN, "args": "--model ) mlp"}, "the rendered script is not valid bash"),
+    ({**TRAIN, "args": "--model mlp --json a)b"}, "the rendered script is not valid bash"),
+    ({**TRAIN, "args": "--model ) mlp"}, "--args: unexpected argument 'mlp' (mpisparse train takes options only)"),
+    ({**TRAIN, "args": "--modle mlp"}, "--args: No such option '--modle'"),
+    ({**TRAIN, "args": "--model"}, "--args: Option '--model' requires an argument"),
+    ({**TRAIN, "args": "--no-memory=yes"}, "--args: Option '--no-memory' does not take a value"),
+    ({**TRAIN, "args": "--model alexnet"}, "--args: --model 'alexnet' is not one of mlp, cnn"),
+    ({**TRAIN, "gres": "gpu:4", "gpus_per_node": 4}, "--gres gpu:4 and --gpus-per-node 4: give one of them"),
+    ({**TRAIN, "gres": "gpu 4"}, "--gres is 'gpu 4'; allowed: SLURM's name[:type][:count]"),
+    ({**TRAIN, "gres": "gpu:2", "tasks_per_node": 4}, "--tasks-per-node 4 exceeds --gres gpu:2 (2 GPUs)"),
+    ({**TRAIN, "sbatch": ("constraint=a100",)}, "--sbatch 'constraint=a100'; allowed: one '--option'"),
+    ({**TRAIN, "sbatch": ("--mem=4G\n#SBATCH --x",)}, "--sbatch '--mem=4G\\n#SBATCH --x'; allowed"),
+    ({**TRAIN, "sbatch": ("--nodes=3",)}, "--sbatch '--nodes=3': the template sets --nodes itself"),
     ({**TRAIN, "checkpoint_dir": 'a"b'}, "--checkpoint-dir is"),
 ])
 def test_render_errors_name_the_problem(given, message):
     with pytest.raises(jobs.RenderError) as e:
-        jobs.render("train", given)
+        jobs.render("train", given, check_args=CHECK_ARGS)  # what `mpisparse jobs render` checks
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
@@ -142,7 +193,8 @@ def test_cli_list_and_render():
     for name, t in jobs.TEMPLATES.items():
         assert f"{name:<7}{t.description}" in p.stdout
     for option in ("--nodes", "--time", "--account", "--partition", "--tasks-per-node", "--gpus-per-node",
-                   "--setup", "--launcher", "--args", "--job-name", "--output", "--densities", "--checkpoint-dir"):
+                   "--setup", "--launcher", "--args", "--job-name", "--output", "--densities", "--checkpoint-dir",
+                   "--gres", "--sbatch", "--requeue"):
         assert option in p.stdout
     p = cli("jobs", "render", "train", "--nodes", "2", "--time", "2:00:00", "--setup", "module load x",
             "--setup", "source y", "--args", "--model mlp --scheme topk", check=True)
@@ -150,12 +202,21 @@ def test_cli_list_and_render():
                                              "args": "--model mlp --scheme topk"})
     # the header says how to render the same script again
     assert "mpisparse jobs render train --nodes 2 --time 2:00:00 --setup 'module load x'" in p.stdout
+    p = cli("jobs", "render", "bench", "--nodes", "1", "--time", "10", "--gres", "gpu:2", "--sbatch", "--mem=0",
+            "--requeue", check=True)
+    assert p.stdout == jobs.render("bench", {"nodes": "1", "time": "10", "gres": "gpu:2", "sbatch": ("--mem=0",),
+                                             "requeue": True})
+    assert "jobs render bench --nodes 1 --time 10 --gres gpu:2 --sbatch --mem=0 --requeue`" in p.stdout
 
 
 @pytest.mark.parametrize("args, message", [
     (["train", "--nodes", "2"], "Error: template train needs --time, --args"),
     (["nope", "--nodes", "1", "--time", "10"], "Error: no job template 'nope'; templates: train, bench, sweep"),
     (["bench", "--nodes", "1", "--time", "10", "--densities", "0.1"], "Error: template bench does not take --densities"),
+    (["bench", "--nodes", "1", "--time", "10", "--args", "--scheme topk --qqqq 1"],
+     "Error: --args: No such option '--qqqq'. (mpisparse bench step)"),
+    (["bench", "--nodes", "1", "--time", "10", "--sbatch", "--bad opt"],
+     "Error: --sbatch '--bad opt'; allowed: one '--option' or '--option=value' (SLURM's long form)"),
 ])
 def test_cli_render_errors_are_one_line(args, message):
     p = cli("jobs", "render", *args)
@@ -166,6 +227,8 @@ def test_cli_render_errors_are_one_line(args, message):
 def test_examples_in_jobs_dir_are_up_to_date():
     """jobs/ holds what `mpisparse jobs examples jobs/` writes; regenerate after changing a template."""
     expected = jobs.render_examples()
+    for fname, (name, given) in jobs.EXAMPLES.items():  # their --args are valid options of the command
+        assert jobs.render(name, given, check_args=CHECK_ARGS) == expected[fname]
     on_disk = {p.name: p.read_text() for p in (ROOT / "jobs").glob("*.sbatch")}
     assert set(on_disk) == set(expected), "run: mpisparse jobs examples jobs/"
     for name, text in expected.items():

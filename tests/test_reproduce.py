@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -82,7 +83,7 @@ def test_a_target_whose_scheme_is_missing_skips_and_names_it(monkeypatch, tmp_pa
         _NeedsMissing().check()
     monkeypatch.setitem(TARGETS, "needs-missing", _NeedsMissing())
     j = tmp_path / "r.json"
-    res = invoke("reproduce", "needs-missing", "--json", str(j))
+    res = invoke("reproduce", "needs-missing", "--json", str(j), "--out", str(tmp_path / "runs"))
     assert res.exit_code == 0, res.output
     assert "SKIPPED: scheme 'no-such-scheme' is not registered" in res.output
     assert json.loads(j.read_text())["skipped"].startswith("scheme 'no-such-scheme'")
@@ -203,15 +204,24 @@ def test_slimdp_traffic_claims():
 
 
 def test_dgs_speedup_claims(tmp_path):
-    log = tmp_path / "log.csv"
-    lines = ["scheme,epoch,batch,iteration,loss,step_seconds,wall_seconds,bytes,density,skipped"]
+    from mpisparse.results import CsvLog
+
+    log = tmp_path / "log.csv"  # written the way train --csv writes it (wall clock in ms)
+    writer = CsvLog(log)
     for i in range(20):
-        lines.append(f"asgd,0,{i},{i + 1},{2.0 - 0.05 * i},0.1,{0.1 * (i + 1)},1,1.0,False")
-        lines.append(f"dgs,0,{i},{i + 1},{2.0 - 0.05 * i},0.01,{0.01 * (i + 1)},1,0.01,False")
-    log.write_text("\n".join(lines) + "\n")
+        for scheme, dt, dens in (("asgd", 0.1, 1.0), ("dgs", 0.01, 0.01)):
+            writer.row(scheme, {"epoch": 0, "batch": i, "iteration": i + 1, "loss": 2.0 - 0.05 * i,
+                                "step_seconds": dt, "wall_seconds": dt * (i + 1), "bytes": 1, "density": dens,
+                                "skipped": False})
+    writer.close()
+    assert "wall_ms" in log.read_text().splitlines()[0]
     logs = dgs_speedup.read_loss_log(log)
     assert len(dgs_speedup.smoothed(logs["asgd"])) == 11
     assert dgs_speedup.time_to_loss(logs["dgs"], 10.0) == pytest.approx(0.1)
+    old = tmp_path / "old.csv"  # a log written before the columns carried units
+    old.write_text("scheme,epoch,batch,iteration,loss,step_seconds,wall_seconds,bytes,density,skipped\n"
+                   "dgs,0,0,1,2.0,0.01,0.25,1,0.01,False\n")
+    assert dgs_speedup.read_loss_log(old) == {"dgs": [(0.25, 2.0)]}
 
     def res(scheme, accs, walls, step):
         return {"scheme": scheme, "world_size": 3, "workers": 2, "step_seconds": step, "bytes_sent_per_rank": 1.0,
@@ -229,14 +239,22 @@ def test_dgs_speedup_claims(tmp_path):
 
 # --------------------------------------------------------------------------- runs
 def test_deft_speedup_runs_end_to_end_in_its_smallest_form(tmp_path):
+    """Run from a fresh working directory, as a user would: the runs' JSON stays in a named directory there,
+    and every path the output names exists afterwards."""
     j = tmp_path / "r.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     env["MPISPARSE_QUICK"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-m", "mpisparse", "reproduce", "deft-speedup", "--quick", "--json",
-                           str(j), "--markdown"], capture_output=True, text=True, timeout=300, cwd=HERE.parent,
+                           str(j), "--markdown"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     print(proc.stdout)
+    [runs] = list((tmp_path / "mpisparse-results").glob("reproduce-*"))
+    assert re.fullmatch(r"reproduce-\d{8}T\d{6}Z", runs.name)
+    assert f"the underlying runs' JSON is in {os.path.join('mpisparse-results', runs.name)}" in proc.stdout
+    named = re.findall(r"--json (\S+)", proc.stdout)
+    assert named and all((tmp_path / p).is_file() for p in named), named
     assert "$ OMP_NUM_THREADS=1 mpisparse bench select --mode deft --model lstm-wt2 --worlds 1,2,4" in proc.stdout
     assert "claim vs measured" in proc.stdout and "| source | paper's claim |" in proc.stdout
     rep = json.loads(j.read_text())
@@ -253,7 +271,7 @@ def test_reproduce_target_quick(name, tmp_path):
     j = tmp_path / "r.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
     proc = subprocess.run([sys.executable, "-m", "mpisparse", "reproduce", name, "--quick", "--json", str(j),
-                           "--timeout", "600"], capture_output=True, text=True, timeout=1200, cwd=HERE.parent,
+                           "--timeout", "600", "--out", str(tmp_path / "runs")], capture_output=True, text=True, timeout=1200, cwd=HERE.parent,
                           env=env)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stderr[-3000:]

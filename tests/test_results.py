@@ -33,7 +33,7 @@ def test_round_trip_through_dict_and_json_keeps_every_field(tmp_path):
     res = bench_result(exchange={"exchange_seconds": 0.002, "exchange_phases": {"exchange_values": 0.002}},
                        extra={"baseline": "dense"})
     d = res.to_dict()
-    assert d["schema_version"] == SCHEMA_VERSION == 1 and d["runtime"] == "collective"
+    assert d["schema_version"] == SCHEMA_VERSION == 2 and d["runtime"] == "collective"
     assert d["exchange_seconds"] == 0.002 and d["baseline"] == "dense"  # blocks are top-level keys
     assert "metrics" not in d and "mp" not in d  # unknown optional fields are left out
     path = tmp_path / "r.json"
@@ -50,8 +50,10 @@ def test_ps_and_mp_blocks_round_trip_and_runtime_is_inferred_for_older_files():
     assert RunResult.from_dict(old).runtime == "ps"
     mp = train_result(runtime="mp", mp={"stages": 2})
     assert mp.to_dict()["mp"] == {"stages": 2} and RunResult.from_dict(mp.to_dict()) == mp
-    with pytest.raises(ValueError, match="schema_version 2"):
-        RunResult.from_dict({**mp.to_dict(), "schema_version": 2})
+    with pytest.raises(ValueError, match="schema_version 3"):
+        RunResult.from_dict({**mp.to_dict(), "schema_version": 3})
+    v1 = {k: v for k, v in mp.to_dict().items() if k != "provenance"} | {"schema_version": 1}
+    assert RunResult.from_dict(v1).provenance is None  # a file written before provenance existed
     with pytest.raises(ValueError, match="runtime 'x'"):
         train_result(runtime="x")
 
@@ -61,7 +63,8 @@ def test_printed_tables_render_from_a_result():
     assert "topk on ncf (1,000 elements, 3 layers), W=2, density 0.01" in text
     assert "exchange_values" in text and "peak RSS/rank" in text and "(13107.2x buffer)" in text
     lines = format_comparison([bench_result("dense", 0.008), bench_result("topk", 0.004)]).splitlines()
-    assert lines[2].split()[:3] == ["topk", "4.00", "2.00x"]
+    assert lines[0].split()[:3] == ["scheme", "step", "ms"] and set(lines[1]) == {"-", " "}
+    assert lines[3].split()[:3] == ["topk", "4.00", "2.00x"]
     text = format_run(train_result(), "train")
     assert "dense: per-phase time per step (ms), 500 parameters" in text and "test accuracy     80.00%" in text
     assert "compensate" in text and "send_activations" not in text  # optional phases only when measured
@@ -96,3 +99,15 @@ def test_plots_render_from_results(tmp_path):
     steps = {"dense": [{"iteration": i, "wall_seconds": 0.1 * i, "loss": 2.0 / i} for i in range(1, 30)]}
     plot_history([train_result()], steps, tmp_path / "history.png")
     _assert_png_not_blank(tmp_path / "history.png")
+
+
+def test_tables_are_plain_ascii_off_a_terminal_and_rich_on_one(monkeypatch):
+    from mpisparse.results import tables
+
+    text = format_run(train_result(), "train") + format_comparison([bench_result("dense", 0.008), bench_result()])
+    assert text.isascii() and "\x1b[" not in text  # pytest's stdout is not a terminal
+    assert all(line == line.rstrip() for line in text.splitlines())
+    monkeypatch.setattr(tables, "_terminal", lambda: True)
+    fancy = format_comparison([bench_result("dense", 0.008), bench_result()])
+    assert "\x1b[1m" in fancy and "\u2500" in fancy  # a bold header over a box-drawn line
+    assert "topk" in fancy and "2.00x" in fancy

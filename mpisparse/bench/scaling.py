@@ -147,8 +147,11 @@ def format_scaling(results: Sequence[dict[str, Any]]) -> str:
                                          "in the same job")
 
 
-def plot_scaling(path, results: Sequence[dict[str, Any]]) -> None:
-    """Step time, speedup over the baseline and bytes per rank against W; a line per model/scheme/density."""
+def plot_scaling(path, results: Sequence[dict[str, Any]]):
+    """Step time, speedup over the baseline and bytes per rank against W; a line per model/scheme/density.
+
+    Times and bytes on log axes; a W=1 job sends no bytes: its zero is drawn at the axis bottom.
+    Returns the figure."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault(_key(r)[:3], []).append(r)
@@ -164,12 +167,12 @@ def plot_scaling(path, results: Sequence[dict[str, Any]]) -> None:
         sp = [(r["world_size"], r["speedup_over_baseline"]) for r in rs if r.get("speedup_over_baseline")]
         if sp:
             s.append(Series(label, [x for x, _ in sp], [y for _, y in sp]))
-        b.append(Series(label, w, [max(r["bytes_sent_per_rank"], 1.0) for r in rs]))
+        b.append(Series(label, w, [r["bytes_sent_per_rank"] for r in rs]))  # W=1 sends 0: drawn at the bottom
     logx = len(worlds) > 1
-    plot_panels(path, [Panel("step time (slowest rank)", "W (ranks)", "ms", series=t, logx=logx, logy=True,
-                             xticks=worlds),
-                       Panel("speedup over the baseline (dense | plumpdp)", "W (ranks)", "speedup", series=s,
-                             logx=logx, xticks=worlds),
-                       Panel("bytes sent per rank per step", "W (ranks)", "bytes", series=b, logx=logx, logy=True,
-                             xticks=worlds)],
-                title="bench scaling")
+    return plot_panels(path, [Panel("step time (slowest rank)", "W (ranks)", "ms", series=t, logx=logx, logy=True,
+                                    xticks=worlds),
+                              Panel("speedup over the baseline (dense | plumpdp)", "W (ranks)", "speedup", series=s,
+                                    logx=logx, xticks=worlds),
+                              Panel("bytes sent per rank per step", "W (ranks)", "bytes", series=b, logx=logx,
+                                    logy=True, xticks=worlds)],
+                       title="bench scaling")

@@ -7,8 +7,6 @@ The work is in :mod:`mpisparse.bench` and the runtimes
 
 from __future__ import annotations
 
-import tempfile
-
 import click
 
 from ..config import BenchConfig
@@ -18,7 +16,7 @@ from ..runtimes import check_servers
 from . import output
 from .options import (SectionedCommand, check_plot, cuda_aware_option, density_list, diagnostics_option, int_list,
                       mpi_options, output_options, pick_scheme_options, scheme_options, size_list, step_options, usage,
-                      validated)
+                      validated, out_dir_or_default, writable_dir, writable_file)
 from .session import agree_on_config, maybe_relaunch, open_comm
 
 __all__ = ["bench", "bench_exchange", "bench_scaling", "bench_select", "bench_step"]
@@ -150,15 +148,15 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
 @click.option("--distribution", type=click.Choice(["normal", "student-t"]), default="normal",
               show_default=True, help="Distribution of the vector's values.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="Write the result object to this file (a list for a sweep).")
 @click.option("--sizes", default=None, callback=size_list, metavar="N[,N...]",
               help="kernels: sweep these vector sizes (replaces --size).")
 @click.option("--densities", default=None, callback=density_list, metavar="D[,D...]",
               help="kernels: sweep these densities (replaces --density).")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="One row per point (kernels) or per model and W (deft).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="PNG: kernel time vs size/density (kernels), or selection speedup vs W (deft).")
 @click.option("--backend", type=click.Choice(["numpy", "cupy"]), default="numpy", show_default=True,
               help="numpy: the CPU kernels; cupy: the GPU kernels on the current device (with the device's "
@@ -249,14 +247,15 @@ def bench_select(mode, size, models, worlds, density, repeats, threads, distribu
 @click.option("--emucluster", "emucluster_rate", default=None, metavar="RATE",
               help="Run each job on an emulated cluster of W hosts linked at RATE (e.g. 1gbit; bin/emucluster, "
                    "needs root).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep each job's JSON here [a temporary directory].")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, callback=writable_dir,
+              metavar="DIR", help="Keep each job's JSON here [mpisparse-results/scaling-<UTC time> in the working "
+                                  "directory].")
 @click.option("--verbose", is_flag=True, help="Show each job's own output.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="Every job's per-run result objects (a list), with baseline and speedup added.")
-@click.option("--csv", "csv_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="One row per model, scheme, W and density.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="PNG: step time, speedup and bytes per rank against W.")
 @scheme_options
 def bench_scaling(worlds, densities, models, schemes, no_baseline, iters, warmup, seed, no_memory, servers,
@@ -288,21 +287,15 @@ def bench_scaling(worlds, densities, models, schemes, no_baseline, iters, warmup
             raise click.UsageError(f"--emucluster: {why}")
     given = {k: v for k, v in scheme_opts.items() if v is not None}
     extra = scheme_option_args({"given": given}) + (["--no-memory"] if no_memory else [])
-    tmp = None
-    if out_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="mpisparse-scaling-")
-        out_dir = tmp.name
+    if out_dir is None:  # kept: the command lines printed name files that exist afterwards
+        out_dir = out_dir_or_default(None, "scaling")
+    points = plan_scaling(models=models, schemes=schemes, worlds=worlds, densities=densities, iters=iters,
+                          warmup=warmup, seed=seed, servers=servers, extra_options=extra, out_dir=out_dir,
+                          baseline=not no_baseline, emucluster_rate=emucluster_rate)
+    if not points:
+        raise click.UsageError("no point to run: every scheme needs more ranks than --worlds offers")
     try:
-        points = plan_scaling(models=models, schemes=schemes, worlds=worlds, densities=densities, iters=iters,
-                              warmup=warmup, seed=seed, servers=servers, extra_options=extra, out_dir=out_dir,
-                              baseline=not no_baseline, emucluster_rate=emucluster_rate)
-        if not points:
-            raise click.UsageError("no point to run: every scheme needs more ranks than --worlds offers")
-        try:
-            results = run_scaling(points, timeout=timeout, echo=click.echo, stream=verbose)
-        except RunFailed as e:
-            raise click.ClickException(str(e)) from None
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-    output.scaling_outputs(results, json_path, csv_path, plot_path)
+        results = run_scaling(points, timeout=timeout, echo=click.echo, stream=verbose)
+    except RunFailed as e:
+        raise click.ClickException(f"{e} (the finished jobs' JSON is in {out_dir})") from None
+    output.scaling_outputs(results, json_path, csv_path, plot_path, out_dir=out_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from . import output
-from .options import cuda_aware_option, mpi_options
+from .options import cuda_aware_option, mpi_options, writable_file
 from .session import maybe_relaunch, open_comm
 
 __all__ = ["info"]
@@ -13,7 +13,7 @@ __all__ = ["info"]
 
 @click.command()
 @mpi_options
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="Also write the report as JSON to this file.")
 @cuda_aware_option
 def info(nprocs, timeout, json_path, cuda_aware) -> None:

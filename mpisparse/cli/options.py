@@ -18,7 +18,8 @@ import click
 from ..registry import SCHEMES, all_options, validate_density
 
 __all__ = ["SectionOption", "SectionedCommand", "check_plot", "cuda_aware_option", "density_list", "emucluster_rate",
-           "int_list", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated"]
+           "int_list", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated",
+           "out_dir_or_default", "writable_dir", "writable_file"]
 
 
 # --------------------------------------------------------------------------- help in sections
@@ -60,7 +61,7 @@ def output_options(json_help: str, csv_help: str, plot_help: str) -> Callable[[C
     def deco(f: Callable) -> Callable:
         for flag, dest, text in reversed((("--json", "json_path", json_help), ("--csv", "csv_path", csv_help),
                                           ("--plot", "plot_path", plot_help))):
-            f = click.option(flag, dest, type=click.Path(dir_okay=False, writable=True), default=None,
+            f = click.option(flag, dest, type=click.Path(dir_okay=False), default=None, callback=writable_file,
                              help=text)(f)
         return f
     return deco
@@ -156,6 +157,55 @@ def check_plot(plot_path: str | None) -> None:
             check_plot_support()
         except RuntimeError as e:
             raise click.UsageError(str(e)) from None
+
+
+# --------------------------------------------------------------------------- output paths (click callbacks)
+def writable_file(ctx, param, value):
+    """An output file (``--json``, ``--csv``, ``--plot``): checked by writing there, before any MPI work.
+
+    A path that cannot be written is a usage error naming it and why (exit
+    2), not a run whose results are lost at the end.
+    """
+    if value is None:
+        return None
+    from ..results.files import path_problem
+
+    why = path_problem(value)
+    if why:
+        raise click.BadParameter(f"{value} cannot be written: {why}", ctx=ctx, param=param)
+    return value
+
+
+def writable_dir(ctx, param, value):
+    """An output directory (``--checkpoint``, ``--out``): it, or the directory it would be created in, takes files."""
+    if value is None:
+        return None
+    from ..results.files import path_problem
+
+    why = path_problem(value, directory=True)
+    if why:
+        raise click.BadParameter(f"{value} cannot be written: {why}", ctx=ctx, param=param)
+    return value
+
+
+def out_dir_or_default(value: str | None, command: str) -> str:
+    """``--out DIR`` of a driver (``reproduce``, ``bench scaling``), or its default: a new
+    ``mpisparse-results/<command>-<UTC time>`` in the working directory, kept after the run so
+    that every path it prints exists; checked like :func:`writable_dir`."""
+    if value is not None:
+        return value
+    import datetime as dt
+    import os
+
+    from ..results.files import path_problem
+
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    value = os.path.join("mpisparse-results", f"{command}-{stamp}")
+    why = path_problem(value, directory=True)
+    if why:
+        raise click.BadParameter(f"the default {value} cannot be written: {why}; give --out DIR",
+                                 param_hint="'--out'")
+    return value
 
 
 # --------------------------------------------------------------------------- list parsers (click callbacks)

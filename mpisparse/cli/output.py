@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from ..results import (CsvLog, format_comparison, format_run, format_train_comparison, write_csv, write_json,
-                       write_results)
+from ..results import (CsvLog, Fallback, format_comparison, format_run, format_train_comparison, write_csv,
+                       write_json, write_results)
 
 __all__ = ["exchange_outputs", "finish_step", "finish_train", "info_outputs", "print_step_result",
            "print_train_header", "print_train_result", "progress", "scaling_outputs", "select_outputs", "train_log",
@@ -25,7 +25,7 @@ def info_outputs(report: dict[str, Any], json_path: str | None) -> None:
     from ..info import format_info
 
     click.echo(format_info(report))
-    write_json(json_path, report)
+    Fallback(report).attempt("--json", json_path, lambda: write_json(json_path, report))
 
 
 # --------------------------------------------------------------------------- bench step
@@ -56,14 +56,20 @@ def progress(comm, label: str):
 # --------------------------------------------------------------------------- bench exchange, scaling, select
 def _suite_outputs(results: list[dict[str, Any]], table: str, row, plot, json_path: str | None,
                    csv_path: str | None, plot_path: str | None) -> None:
-    """A bench suite's printed table, --json, --csv (``row`` per result) and --plot (rank 0)."""
+    """A bench suite's printed table, --json, --csv (``row`` per result) and --plot (rank 0).
+
+    A file that cannot be written: a warning, and the results on stdout as JSON (:class:`Fallback`).
+    """
     click.echo(table)
-    write_json(json_path, results)
-    if csv_path:
-        write_csv(csv_path, [row(r) for r in results])
-    if plot_path:
+    fb = Fallback(results)
+    fb.attempt("--json", json_path, lambda: write_json(json_path, results))
+    fb.attempt("--csv", csv_path, lambda: write_csv(csv_path, [row(r) for r in results]))
+
+    def draw() -> None:
         plot(plot_path, results)
         click.echo(f"plot written to {plot_path}")
+
+    fb.attempt("--plot", plot_path, draw)
 
 
 def exchange_outputs(results: list[dict[str, Any]], json_path: str | None, csv_path: str | None,
@@ -75,20 +81,25 @@ def exchange_outputs(results: list[dict[str, Any]], json_path: str | None, csv_p
 
 
 def scaling_outputs(results: list[dict[str, Any]], json_path: str | None, csv_path: str | None,
-                    plot_path: str | None) -> None:
-    """``bench scaling``."""
+                    plot_path: str | None, out_dir: str | None = None) -> None:
+    """``bench scaling``; ``out_dir``: where the jobs' own JSON files are (said last)."""
     from ..bench.scaling import format_scaling, plot_scaling, scaling_row
 
     click.echo("")
     _suite_outputs(results, format_scaling(results), scaling_row, plot_scaling, json_path, csv_path, plot_path)
+    if out_dir is not None:
+        click.echo(f"each job's JSON is in {out_dir}")
 
 
 def select_outputs(mode: str, results: list[dict[str, Any]], json_path, csv_path, plot_path) -> None:
     """``bench select``'s --json (a single point stays one object), --csv and --plot."""
     from ..bench.select_sweep import select_outputs as _select_files
 
-    write_json(json_path, results[0] if (mode == "kernels" and len(results) == 1) else results)
-    _select_files(mode, results, csv_path, plot_path, echo=click.echo)
+    obj = results[0] if (mode == "kernels" and len(results) == 1) else results
+    fb = Fallback(obj)
+    fb.attempt("--json", json_path, lambda: write_json(json_path, obj))
+    fb.attempt("--csv", csv_path, lambda: _select_files(mode, results, csv_path, None, echo=click.echo))
+    fb.attempt("--plot", plot_path, lambda: _select_files(mode, results, None, plot_path, echo=click.echo))
 
 
 # --------------------------------------------------------------------------- train

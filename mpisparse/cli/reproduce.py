@@ -6,12 +6,11 @@ The targets and their reports are :mod:`mpisparse.reproduce`.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 
 import click
 
-from .options import emucluster_rate, int_list
+from .options import emucluster_rate, int_list, out_dir_or_default, writable_dir, writable_file
 
 __all__ = ["reproduce"]
 
@@ -34,9 +33,10 @@ __all__ = ["reproduce"]
                    "rate (bin/emucluster, root); auto runs the jobs whose claims are about communication time "
                    "(deft-breakdown, dct-threshold's Fig. 8a, slimdp-traffic at 1gbit; dgs-speedup at 100mbit) on "
                    "it when it is available; off never.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep every underlying run's JSON here [a temporary directory].")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, callback=writable_dir,
+              metavar="DIR", help="Keep every underlying run's JSON here, one directory per target "
+                                  "[mpisparse-results/reproduce-<UTC time> in the working directory].")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="Write the claim-vs-measured table (and the measured numbers) to this file.")
 @click.option("--markdown", is_flag=True, help="Also print the claim-vs-measured table as Markdown.")
 @click.option("--verbose", is_flag=True, help="Show the underlying runs' own output.")
@@ -76,40 +76,36 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
     if quick:
         size = "tiny" if os.environ.get("MPISPARSE_QUICK") == "1" else "quick"
     timeout = timeout or (900 if quick else 3600)
-    tmp = None
-    if out_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="mpisparse-reproduce-")
-        base_dir = tmp.name
-    else:
-        base_dir = out_dir
+    base_dir = out_dir_or_default(out_dir, "reproduce")  # kept: the printed paths exist afterwards
     reports: list[Report] = []
     failed = []
-    try:
-        for t in targets:
-            click.echo(f"== {t.name}: {t.seed}, {t.sources} ({size})")
-            ctx = Context(size=size, out_dir=os.path.join(base_dir, t.name), timeout=timeout, worlds=worlds,
-                          max_world=max_world, emucluster=emucluster, stream=verbose, echo=click.echo)
-            t0 = time.perf_counter()
-            try:
-                t.check()
-                rep = t.run(ctx)
-            except Skip as e:
-                rep = t.report(ctx, skipped=str(e), commands=list(ctx.commands))
-            except RunFailed as e:  # a failed run ends this target, the others go on
-                failed.append(t.name)
-                click.echo(f"{t.name}: {e}", err=True)
-                continue
-            rep.seconds = time.perf_counter() - t0
-            reports.append(rep)
-            click.echo(format_report(rep))
-            if markdown and not rep.skipped:
-                click.echo("\n" + claims_markdown(rep.claims))
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
+    for t in targets:
+        click.echo(f"== {t.name}: {t.seed}, {t.sources} ({size})")
+        ctx = Context(size=size, out_dir=os.path.join(base_dir, t.name), timeout=timeout, worlds=worlds,
+                      max_world=max_world, emucluster=emucluster, stream=verbose, echo=click.echo)
+        t0 = time.perf_counter()
+        try:
+            t.check()
+            rep = t.run(ctx)
+        except Skip as e:
+            rep = t.report(ctx, skipped=str(e), commands=list(ctx.commands))
+        except RunFailed as e:  # a failed run ends this target, the others go on
+            failed.append(t.name)
+            click.echo(f"{t.name}: {e}", err=True)
+            continue
+        rep.seconds = time.perf_counter() - t0
+        reports.append(rep)
+        click.echo(format_report(rep))
+        if markdown and not rep.skipped:
+            click.echo("\n" + claims_markdown(rep.claims))
     if reports:
         click.echo("\n" + claims_summary(reports))
+    if os.path.isdir(base_dir):
+        click.echo(f"the underlying runs' JSON is in {base_dir}")
     if json_path and reports:
-        write_report_json(json_path, reports)
+        from ..results import Fallback
+
+        Fallback(reports[0].to_json() if len(reports) == 1 else [r.to_json() for r in reports]).attempt(
+            "--json", json_path, lambda: write_report_json(json_path, reports))
     if failed:
         raise click.ClickException(f"run failed for {', '.join(failed)}")

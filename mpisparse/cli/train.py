@@ -16,7 +16,7 @@ from ..registry import SCHEMES
 from ..runtimes import check_servers, schemes_of
 from . import output
 from .options import (SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
-                      pick_scheme_options, scheme_options, step_options, usage, validated)
+                      pick_scheme_options, scheme_options, step_options, usage, validated, writable_dir)
 from .session import agree_on_config, maybe_relaunch, open_comm
 
 __all__ = ["train"]
@@ -56,7 +56,7 @@ def _split_after(text: str | None) -> list[str]:
                 "Per-step log (rank 0's loss, bytes, density, times).",
                 "PNG of loss and accuracy against iterations and wall-clock time.")
 @click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False), default=None,
-              help="Write a checkpoint here after every epoch (and on SIGUSR1).")
+              callback=writable_dir, help="Write a checkpoint here after every epoch (and on SIGUSR1).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
 @click.option("--overwrite-checkpoint", is_flag=True,
               help="Start afresh even if --checkpoint already holds a checkpoint (it is replaced).")

@@ -43,6 +43,7 @@ from ..data import iterate_batches, load_dataset, shard_indices
 from ..models.nets import build_model, is_lm, needs_image
 from ..results import RunResult
 from ..results.build import timing_fields
+from ..results.provenance import gather_provenance
 from ..schemes import SCHEMES, CollectiveScheme
 from ..timing import PHASES, PhaseTimer, reduce_over_ranks
 from ..torch import DistributedOptimizer
@@ -319,7 +320,7 @@ class MPTrainer(TrainStep):
             bytes_sent_per_rank=max(e["bytes"] for e in everyone), **timing_fields(phases),
             skipped_steps=max(e["skipped"] for e in everyone), n=self.n_params,
             config={**asdict(cfg), "mp": asdict(mp), **{f"scheme.{k}": v for k, v in cfg.scheme_options.items()}},
-            metrics=loop.metrics(),
+            metrics=loop.metrics(), provenance=gather_provenance(self.comm),
             mp={
                 "stages": S, "replicas": self.layout.replicas, "micro_batches": mp.micro_batches,
                 "threshold": self.threshold, **self.plan.to_dict(), "splits": splits,

@@ -41,6 +41,7 @@ import numpy as np
 
 from ..results import RunResult
 from ..results.build import timing_fields
+from ..results.provenance import gather_provenance
 from ..timing import PHASES
 
 
@@ -89,6 +90,7 @@ def gather_ps_result(comm, scheme, local: dict[str, Any], **known: Any) -> RunRe
         "worker_extra": [d.get("extra", {}) for d in workers],
     }
     known.setdefault("config", {})
+    known.setdefault("provenance", gather_provenance(comm))
     return RunResult(
         scheme=scheme.name, runtime="ps", world_size=comm.size, density_target=scheme.density,
         density_actual=float(np.mean([d["density_up"] for d in workers])),

@@ -46,7 +46,10 @@ def time_to_accuracy(result: dict[str, Any], target: float) -> float | None:
 
 
 def read_loss_log(path) -> dict[str, list[tuple[float, float]]]:
-    """``train --csv``: per scheme, (wall seconds, loss) of each step of worker 0."""
+    """``train --csv``: per scheme, (wall seconds, loss) of each step of worker 0.
+
+    The log's ``wall_ms`` column (older logs: ``wall_seconds``) is read back in seconds.
+    """
     import csv
 
     out: dict[str, list[tuple[float, float]]] = {}
@@ -54,7 +57,8 @@ def read_loss_log(path) -> dict[str, list[tuple[float, float]]]:
         for row in csv.DictReader(f):
             if row.get("skipped") in ("True", "1"):
                 continue
-            out.setdefault(row["scheme"], []).append((float(row["wall_seconds"]), float(row["loss"])))
+            wall = float(row["wall_ms"]) / 1e3 if "wall_ms" in row else float(row["wall_seconds"])
+            out.setdefault(row["scheme"], []).append((wall, float(row["loss"])))
     return out
 
 

@@ -4,7 +4,8 @@
 * :mod:`.build` -- the reductions over ranks the runtimes build their results with;
 * :mod:`.tables` -- the printed tables (:func:`format_run`, :func:`format_comparison`, ...);
 * :mod:`.files` -- JSON (atomic), CSV rows, the per-step CSV log of ``train``;
-* :mod:`.plots` -- the PNGs.
+* :mod:`.plots` -- the PNGs;
+* :mod:`.provenance` -- the ``provenance`` block every result carries.
 
 Front ends call :func:`format_run` after each run and :func:`write_results`
 once at the end (rank 0).  Nothing here imports MPI or torch.
@@ -15,16 +16,17 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence
 
-from .files import CsvLog, columns_of, json_ready, result_row, write_csv, write_json
+from .files import CsvLog, Fallback, columns_of, json_ready, path_problem, result_row, write_csv, write_json
 from .plots import PNG_SIGNATURE, Panel, Series, check_plot_support, plot_history, plot_panels, plot_phase_bars
+from .provenance import gather_provenance
 from .schema import SCHEMA_VERSION, RunResult
 from .tables import (Column, format_comparison, format_ps_report, format_rows, format_run, format_table,
                      format_train_comparison, mp_summary)
 
-__all__ = ["Column", "CsvLog", "PNG_SIGNATURE", "Panel", "RunResult", "SCHEMA_VERSION", "Series",
-           "check_plot_support", "columns_of", "format_comparison", "format_ps_report", "format_rows",
-           "format_run", "format_table", "format_train_comparison", "json_ready", "mp_summary", "plot_history",
-           "plot_panels", "plot_phase_bars", "result_row", "write_csv", "write_json", "write_results"]
+__all__ = ["Column", "CsvLog", "Fallback", "PNG_SIGNATURE", "Panel", "RunResult", "SCHEMA_VERSION", "Series",
+           "check_plot_support", "columns_of", "format_comparison", "format_ps_report", "format_rows", "format_run",
+           "format_table", "format_train_comparison", "gather_provenance", "json_ready", "mp_summary", "path_problem",
+           "plot_history", "plot_panels", "plot_phase_bars", "result_row", "write_csv", "write_json", "write_results"]
 
 Path = str | os.PathLike
 
@@ -39,12 +41,16 @@ def write_results(results: Sequence[RunResult], *, command: str, json_path: Path
     result (``bench step``; ``train``'s per-step log is a :class:`CsvLog`).
     Plot: ``bench step`` draws :func:`plot_phase_bars`, ``train``
     :func:`plot_history` from ``steps`` (scheme -> per-step log records).
-    ``echo`` is told where a plot went.
+    ``echo`` is told where a plot went.  A file that cannot be written is
+    named in a warning on stderr and the results are printed to stdout as
+    JSON instead (:class:`Fallback`): they are never lost.
     """
-    write_json(json_path, results[0] if len(results) == 1 else list(results))
-    if csv_path:
-        write_csv(csv_path, [result_row(r) for r in results])
-    if plot_path:
+    obj = results[0] if len(results) == 1 else list(results)
+    fb = Fallback(obj)
+    fb.attempt("--json", json_path, lambda: write_json(json_path, obj))
+    fb.attempt("--csv", csv_path, lambda: write_csv(csv_path, [result_row(r) for r in results]))
+
+    def plot() -> None:
         if command == "train":
             plot_history(results, steps or {}, plot_path)
         else:
@@ -53,3 +59,5 @@ def write_results(results: Sequence[RunResult], *, command: str, json_path: Path
                                                       f"density {r0.density_target:g}")
         if echo is not None:
             echo(f"plot written to {plot_path}")
+
+    fb.attempt("--plot", plot_path, plot)

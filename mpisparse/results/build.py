@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..timing import reduce_over_ranks
+from .provenance import provenance_block, rank_facts
 from .schema import RunResult
 
 __all__ = ["collective_result", "diagnostics_block", "peak_rss_bytes", "timing_fields"]
@@ -54,16 +55,21 @@ def collective_result(comm, *, scheme: str, density_target: float, timer, step_b
     globally selected distinct elements per stepped step (the same on every
     rank); ``memory``: add ``peak_rss_bytes_per_rank`` and
     ``gradient_buffer_bytes``; ``known``: other fields (``k``, ``layers``,
-    ``skipped_steps``, ``metrics``).
+    ``skipped_steps``, ``metrics``).  The ``provenance`` block is gathered in
+    the same ``allgather`` as the per-rank counts.
     """
     timing = timing_fields(reduce_over_ranks(comm, timer.means()))
     per_rank = comm.allgather_obj({"bytes": float(np.mean(step_bytes)) if len(step_bytes) else 0.0,
                                    "selected": float(np.mean(selected)) if len(selected) else 0.0,
-                                   "peak_rss": peak_rss_bytes() if memory else None})
+                                   "peak_rss": peak_rss_bytes() if memory else None,
+                                   "provenance": rank_facts(comm)})
     if memory:
         known.update(gradient_buffer_bytes=n * 4, peak_rss_bytes_per_rank=max(p["peak_rss"] for p in per_rank))
     if diagnostics is not None:
         known["diagnostics"] = diagnostics_block([s / n for s in selected], diagnostics)
+    known.setdefault("provenance", provenance_block([p["provenance"] for p in per_rank],
+                                                    cuda_aware=getattr(comm, "cuda_aware", None),
+                                                    cuda_aware_how=getattr(comm, "cuda_aware_how", None)))
     return RunResult(scheme=scheme, runtime="collective", world_size=comm.size, density_target=float(density_target),
                      density_actual=float(np.mean([p["selected"] for p in per_rank])) / n,
                      bytes_sent_per_rank=max(p["bytes"] for p in per_rank), n=n, config=config, **timing, **known)

@@ -7,8 +7,9 @@ from typing import Any
 
 __all__ = ["EXCHANGE_KEYS", "PS_KEYS", "RUNTIME_NAMES", "RunResult", "SCHEMA_VERSION"]
 
-#: the version of the JSON layout :meth:`RunResult.to_dict` writes
-SCHEMA_VERSION = 1
+#: the version of the JSON layout :meth:`RunResult.to_dict` writes.  1: the first layout;
+#: 2: adds ``provenance`` (files of version 1 are read back with ``provenance`` None)
+SCHEMA_VERSION = 2
 
 #: the runtimes a result can come from (see :mod:`mpisparse.runtimes`)
 RUNTIME_NAMES = ("collective", "ps", "mp")
@@ -22,7 +23,7 @@ PS_KEYS = ("servers", "workers", "ps_mode", "shards", "communications", "bytes_u
 EXCHANGE_KEYS = ("exchange_seconds", "exchange_seconds_mean_over_ranks", "exchange_phases", "bytes_per_selected")
 
 _OPTIONAL = ("skipped_steps", "metrics", "diagnostics", "k", "layers", "gradient_buffer_bytes",
-             "peak_rss_bytes_per_rank")
+             "peak_rss_bytes_per_rank", "provenance")
 
 
 @dataclass
@@ -99,6 +100,21 @@ class RunResult:
     ``peak_rss_bytes_per_rank``
         peak resident memory of a rank, max over ranks (``bench step``).
 
+    Provenance (schema version 2 on)
+    --------------------------------
+    ``provenance``
+        what produced the result, where, when and how; every builder adds
+        it (one ``allgather``, see :mod:`mpisparse.results.provenance`):
+        ``schema_version``; ``toolkit`` (``name``, ``version``,
+        ``git_commit`` or None); ``mpi`` (``library``, ``version``,
+        ``library_version``, ``standard``); ``versions`` (``python``,
+        ``mpi4py``, ``numpy``, ``torch``, ``cupy``: None when not
+        installed); ``world_size``; ``hosts`` (host name -> its ranks);
+        ``gpus`` (``[{"rank", "host", "device", "name"}]``, empty without
+        GPUs); ``cuda_aware`` and ``cuda_aware_how``; ``timestamp_utc``
+        (ISO 8601); ``argv`` and ``command_line`` (rank 0's).  Absent in
+        files of schema version 1.
+
     Runtime-specific blocks
     -----------------------
     ``ps`` (parameter server; written as top-level keys)
@@ -151,6 +167,9 @@ class RunResult:
     layers: int | None = None
     gradient_buffer_bytes: int | None = None
     peak_rss_bytes_per_rank: int | None = None
+    # -- provenance (schema version 2)
+    provenance: dict[str, Any] | None = None
+    # -- runtime-specific blocks
     ps: dict[str, Any] | None = None
     mp: dict[str, Any] | None = None
     exchange: dict[str, Any] | None = None

@@ -1,8 +1,16 @@
-"""Printed views of results: the per-phase table of a run, comparisons, fixed-width tables."""
+"""Printed views of results: the per-phase table of a run, comparisons, text tables.
+
+Rendered with rich: on a terminal with a bold header and box-drawing
+characters, elsewhere (logs, pipes, files, tests) in plain ASCII without
+colour: a header, a dashed line under it, columns separated by two spaces.
+"""
 
 from __future__ import annotations
 
+import io
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -17,20 +25,77 @@ TRAIN_PHASES = ("forward", "backward", "send_activations", "send_gradients", "wa
 _OPTIONAL_TRAIN_PHASES = ("wait", "send_activations", "send_gradients")  # printed when measured
 
 
+# --------------------------------------------------------------------------- rendering (rich)
+def _terminal() -> bool:
+    """Colour and box-drawing characters only on a terminal; plain ASCII in logs, pipes and tests."""
+    try:
+        return sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    except (AttributeError, ValueError):
+        return False
+
+
+def _ascii_box():
+    from rich.box import Box
+
+    # a dashed line under the header, columns separated by spaces, nothing else
+    return Box("    \n    \n -  \n    \n    \n    \n    \n    \n", ascii=True)
+
+
+def _table(headers: Sequence[tuple[str, str]], rows: Sequence[Sequence[str]]):
+    """A rich table: ``headers`` as ``(text, "<" or ">")``, cells already formatted."""
+    from rich import box
+    from rich.table import Table
+
+    term = _terminal()
+    t = Table(box=box.SIMPLE_HEAD if term else _ascii_box(), show_edge=False, pad_edge=False, padding=(0, 1, 0, 0),
+              header_style="bold" if term else "", highlight=False, expand=False)
+    for text, align in headers:
+        t.add_column(text, justify="left" if align == "<" else "right", no_wrap=True)
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def _pairs(pairs: dict[str, str]):
+    """``label value`` lines, labels padded to 18 characters (the rows after a phase table)."""
+    from rich.table import Table
+
+    g = Table.grid(padding=0)
+    g.add_column(min_width=18, no_wrap=True)
+    g.add_column(no_wrap=True)
+    for k, v in pairs.items():
+        g.add_row(k, v)
+    return g
+
+
+def _render(*parts: Any) -> str:
+    """Text of rich renderables and plain lines, one after another; no trailing spaces."""
+    from rich.console import Console
+
+    term = _terminal()
+    buf = io.StringIO()
+    con = Console(file=buf, width=400, force_terminal=term, color_system="standard" if term else None,
+                  no_color=not term, highlight=False, emoji=False, markup=False, legacy_windows=False)
+    for p in parts:
+        if p is None:
+            continue
+        if isinstance(p, str):
+            buf.write(p + "\n")
+        else:
+            con.print(p)
+    return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").split("\n"))
+
+
 def format_table(title: str, reduced: dict[str, dict[str, float]], extra: dict[str, str] | None = None) -> str:
     """The per-phase table rank 0 prints: ms per step, mean and max over ranks."""
     step_max = reduced.get("step", {}).get("max", 0.0) or 1.0
-    lines = [title, f"{'phase':<18}{'mean ms':>12}{'max ms':>12}{'% of step':>11}"]
-    for name, v in reduced.items():
-        if name == "step":
-            continue
-        lines.append(f"{name:<18}{v['mean'] * 1e3:>12.3f}{v['max'] * 1e3:>12.3f}{100 * v['max'] / step_max:>10.1f}%")
+    rows = [[name, f"{v['mean'] * 1e3:.3f}", f"{v['max'] * 1e3:.3f}", f"{100 * v['max'] / step_max:.1f}%"]
+            for name, v in reduced.items() if name != "step"]
     if "step" in reduced:
         s = reduced["step"]
-        lines.append(f"{'step':<18}{s['mean'] * 1e3:>12.3f}{s['max'] * 1e3:>12.3f}{100.0:>10.1f}%")
-    for k, v in (extra or {}).items():
-        lines.append(f"{k:<18}{v}")
-    return "\n".join(lines)
+        rows.append(["step", f"{s['mean'] * 1e3:.3f}", f"{s['max'] * 1e3:.3f}", "100.0%"])
+    table = _table([("phase", "<"), ("mean ms", ">"), ("max ms", ">"), ("% of step", ">")], rows)
+    return _render(title, table, _pairs(extra) if extra else None)
 
 
 def format_run(res: RunResult, command: str) -> str:
@@ -80,46 +145,45 @@ def _train_table(res: RunResult) -> str:
 def format_comparison(results: Sequence[RunResult]) -> str:
     """``bench step`` with several schemes: step time, speedup over the first, bytes, density."""
     base = results[0]
-    lines = [f"{'scheme':<12}{'step ms':>10}{'speedup':>9}{'bytes/rank':>14}{'density':>10}"]
-    for r in results:
-        lines.append(f"{r.scheme:<12}{r.step_seconds * 1e3:>10.2f}"
-                     f"{base.step_seconds / r.step_seconds:>8.2f}x"
-                     f"{r.bytes_sent_per_rank:>14,.0f}{r.density_actual:>10.5f}")
-    lines.append(f"(speedup relative to {base.scheme}; times are the slowest rank's)")
-    return "\n".join(lines)
+    rows = [[r.scheme, f"{r.step_seconds * 1e3:.2f}", f"{base.step_seconds / r.step_seconds:.2f}x",
+             f"{r.bytes_sent_per_rank:,.0f}", f"{r.density_actual:.5f}"] for r in results]
+    table = _table([("scheme", "<"), ("step ms", ">"), ("speedup", ">"), ("bytes/rank", ">"), ("density", ">")],
+                   rows)
+    return _render(table, f"(speedup relative to {base.scheme}; times are the slowest rank's)")
 
 
 def format_train_comparison(results: Sequence[RunResult]) -> str:
     """``train`` with several schemes: final test metrics, step time, bytes, density."""
-    lines = [f"{'scheme':<12}{'test acc':>10}{'test loss':>11}{'step ms':>10}{'bytes/rank':>14}{'density':>10}"]
+    rows = []
     for r in results:
         f = r.final_metrics
         acc = f"{100 * f['test_accuracy']:.2f}%" if "test_accuracy" in f else f"ppl {f.get('test_perplexity', 0):.1f}"
-        lines.append(f"{r.scheme:<12}{acc:>10}{f.get('test_loss', float('nan')):>11.4f}"
-                     f"{r.step_seconds * 1e3:>10.2f}{r.bytes_sent_per_rank:>14,.0f}{r.density_actual:>10.5f}")
-    return "\n".join(lines)
+        rows.append([r.scheme, acc, f"{f.get('test_loss', float('nan')):.4f}", f"{r.step_seconds * 1e3:.2f}",
+                     f"{r.bytes_sent_per_rank:,.0f}", f"{r.density_actual:.5f}"])
+    return _render(_table([("scheme", "<"), ("test acc", ">"), ("test loss", ">"), ("step ms", ">"),
+                           ("bytes/rank", ">"), ("density", ">")], rows))
 
 
 def format_ps_report(res: RunResult) -> str:
     """What rank 0 prints after a parameter-server run's table: server phases, bytes each way, staleness."""
     ps = res.ps
-    lines = [f"{res.scheme}: server phases per push served (ms); {ps['servers']} server(s), "
-             f"{ps['workers']} worker(s), mode {ps['ps_mode']}",
-             f"{'phase':<18}{'mean ms':>12}{'max ms':>12}"]
-    for name, v in ps["phases_server"].items():
-        lines.append(f"{name:<18}{v['mean'] * 1e3:>12.3f}{v['max'] * 1e3:>12.3f}")
-    lines.append(f"{'bytes up/comm':<18}{ps['bytes_up_per_communication']:,.0f}")
-    lines.append(f"{'bytes down/comm':<18}{ps['bytes_down_per_communication']:,.0f}")
-    lines.append(f"{'communications':<18}{ps['communications']:,}")
+    title = (f"{res.scheme}: server phases per push served (ms); {ps['servers']} server(s), "
+             f"{ps['workers']} worker(s), mode {ps['ps_mode']}")
+    table = _table([("phase", "<"), ("mean ms", ">"), ("max ms", ">")],
+                   [[name, f"{v['mean'] * 1e3:.3f}", f"{v['max'] * 1e3:.3f}"]
+                    for name, v in ps["phases_server"].items()])
+    extra = {"bytes up/comm": f"{ps['bytes_up_per_communication']:,.0f}",
+             "bytes down/comm": f"{ps['bytes_down_per_communication']:,.0f}",
+             "communications": f"{ps['communications']:,}"}
     hist = ps["staleness_histogram"]
     if hist:
         shown = list(hist.items())
         text = "  ".join(f"{k}:{v}" for k, v in shown[:12]) + ("  ..." if len(shown) > 12 else "")
-        lines.append(f"{'staleness':<18}mean {ps['staleness_mean']:.2f}; histogram {text}")
+        extra["staleness"] = f"mean {ps['staleness_mean']:.2f}; histogram {text}"
     gaps = [e["final_gap"] for e in ps.get("worker_extra", []) if "final_gap" in e]
     if gaps:
-        lines.append(f"{'final model gap':<18}{max(gaps):.3g} (max |worker - server| after the last difference)")
-    return "\n".join(lines)
+        extra["final model gap"] = f"{max(gaps):.3g} (max |worker - server| after the last difference)"
+    return _render(title, table, _pairs(extra))
 
 
 def mp_summary(res: RunResult) -> dict[str, str]:
@@ -145,7 +209,7 @@ def mp_summary(res: RunResult) -> dict[str, str]:
     return rows
 
 
-# --------------------------------------------------------------------------- fixed-width tables
+# --------------------------------------------------------------------------- generic text tables
 @dataclass(frozen=True)
 class Column:
     """A text-table column: ``key`` of the row, header, and how to show the value."""
@@ -168,16 +232,7 @@ class Column:
 
 
 def format_rows(rows: Sequence[dict[str, Any]], columns: Sequence[Column], title: str | None = None) -> str:
-    """A fixed-width text table; columns are as wide as their widest cell."""
-    cells = [[c.header for c in columns]] + [[c.cell(r) for c in columns] for r in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    out = [title] if title else []
-    for j, line in enumerate(cells):
-        parts = []
-        for i, (c, text) in enumerate(zip(columns, line)):
-            align = "<" if (c.align == "<") else ">"
-            parts.append(f"{text:{align}{widths[i]}}")
-        out.append("  ".join(parts).rstrip())
-        if j == 0:
-            out.append("  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    """A text table (rich); columns are as wide as their widest cell, a missing value is ``-``."""
+    table = _table([(c.header, "<" if c.align == "<" else ">") for c in columns],
+                   [[c.cell(r) for c in columns] for r in rows])
+    return _render(title, table)
