@@ -16,7 +16,7 @@ import traceback
 import click
 
 from .. import __version__
-from ..launch import env_rank
+from ..launch import env_rank, report_started, under_mpi_launcher
 from . import session
 
 __all__ = ["cli", "main"]
@@ -35,6 +35,8 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the CLI; any failure ends the whole MPI job."""
     session.ARGV[:] = list(sys.argv[1:] if argv is None else argv)
+    if under_mpi_launcher():
+        _as_rank()
     try:
         code = cli.main(args=list(session.ARGV), prog_name="mpisparse", standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -62,6 +64,16 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         _fail(1, msg)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _as_rank() -> None:
+    """A rank: tell a ``-n`` wrapper it started, stop when the launcher goes, keep an early SIGUSR1."""
+    from .. import signals
+
+    report_started()
+    signals.watch_launcher()
+    if session.ARGV[:1] == ["train"]:
+        signals.install_early_usr1()
 
 
 def _mpi_running() -> bool:
