@@ -96,3 +96,19 @@ def test_a_foreign_mpiexec_gives_errors_not_w_lonely_runs():
     p = run(TRAIN, plan.env, argv0=prefix)
     assert p.returncode != 0, p.stdout + p.stderr
     assert "epoch" not in p.stdout
+
+
+@pytest.mark.parametrize("data, model", [("cifar10", "mlp"), ("text", "lstm")])
+def test_a_missing_dataset_is_one_line_before_mpi_starts(tmp_path, data, model):
+    started = tmp_path / "mpiexec-started"
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\ntouch {started}\nexit 1\n")
+    fake.chmod(0o755)
+    (tmp_path / "empty").mkdir()
+    for d in (tmp_path / "missing", tmp_path / "empty"):
+        p = run(["train", "-n", "2", "--data", data, "--model", model, "--data-dir", str(d), "--epochs", "1"],
+                {"MPISPARSE_MPIEXEC": str(fake)})
+        assert p.returncode == 2, p.stderr
+        errors = [ln for ln in p.stderr.splitlines() if ln.startswith("Error:")]
+        assert len(errors) == 1 and "--data-dir" in errors[0] and str(d.name) in errors[0], p.stderr
+        assert not started.exists()  # nothing was launched
