@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -28,7 +29,7 @@ from typing import Mapping, Sequence
 
 __all__ = ["STOP_GRACE", "WRAPPER_PID", "early_usr1", "install_early_usr1", "run_launcher", "watch_launcher"]
 
-#: the environment variable naming the wrapper's process (``pid:start-time``) in every rank it starts
+#: the environment variable naming the wrapper's process (``host:pid:start-time``) in every rank it starts
 WRAPPER_PID = "MPISPARSE_WRAPPER_PID"
 #: seconds ``mpiexec`` has to end the job after SIGTERM before it is killed
 STOP_GRACE = 5.0
@@ -109,7 +110,8 @@ def run_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
 
     ``env`` gets :data:`WRAPPER_PID` so the ranks can watch this process.
     """
-    token = f"{os.getpid()}:{_start_time(os.getpid())}"
+    # host:pid:start-time: ranks on other hosts cannot see this process and must not look for it
+    token = f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
     env = dict(env, **{WRAPPER_PID: token})
     state: dict = {"proc": None, "stop": None, "stop_at": None, "usr1": 0}
 
@@ -217,10 +219,9 @@ def watch_launcher(env: Mapping[str, str] = os.environ, interval: float = WATCH_
         return None
     wrapper = None
     token = env.get(WRAPPER_PID, "")
-    if ":" in token:
-        pid, _, start = token.partition(":")
-        if pid.isdigit():
-            wrapper = (int(pid), start)
+    parts = token.rsplit(":", 2)
+    if len(parts) == 3 and parts[0] == socket.gethostname() and parts[1].isdigit():
+        wrapper = (int(parts[1]), parts[2])
 
     def gone() -> str | None:
         if os.getppid() != parent:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 
@@ -83,3 +85,39 @@ def test_sigusr1_checkpoints_exits_0_and_the_checkpoint_resumes(tmp_path):
     finally:
         again.cleanup()
         kill_job(again.id)
+
+
+WATCHER = ("import sys, time; from mpisparse.signals import watch_launcher; "
+           "watch_launcher(); time.sleep(float(sys.argv[1])); print('outlived')")
+
+
+def _watched(token: str, seconds: float):
+    from jobproc import ROOT
+
+    env = dict(os.environ, MPISPARSE_WRAPPER_PID=token, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-c", WATCHER, str(seconds)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_a_rank_ends_itself_when_the_wrapper_is_gone():
+    from mpisparse.signals import _start_time
+
+    wrapper = subprocess.Popen(["sleep", "60"])
+    try:
+        token = f"{socket.gethostname()}:{wrapper.pid}:{_start_time(wrapper.pid)}"
+        rank = _watched(token, 30)
+        time.sleep(1.5)
+        assert rank.poll() is None  # the wrapper lives: the rank goes on
+    finally:
+        wrapper.kill()
+        wrapper.wait()
+    out, err = rank.communicate(timeout=10)
+    assert rank.returncode != 0 and "outlived" not in out
+    assert err.strip().splitlines() == [f"mpisparse: the mpisparse -n process (pid {wrapper.pid}) is gone; "
+                                        f"this rank (pid {rank.pid}) stops"]
+
+
+def test_a_wrapper_on_another_host_is_not_watched():
+    rank = _watched("some-other-host:1:1", 1.5)
+    out, err = rank.communicate(timeout=30)
+    assert rank.returncode == 0 and "outlived" in out, err
