@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from jobproc import Job, csv_rows, describe, kill_job, wait_gone
+from faults.jobproc import Job, csv_rows, describe, kill_job, wait_gone
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="scans /proc"),
               pytest.mark.timeout(300)]
@@ -92,7 +92,7 @@ WATCHER = ("import sys, time; from mpisparse.signals import watch_launcher; "
 
 
 def _watched(token: str, seconds: float):
-    from jobproc import ROOT
+    from faults.jobproc import ROOT
 
     env = dict(os.environ, MPISPARSE_WRAPPER_PID=token, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-c", WATCHER, str(seconds)], env=env, stdout=subprocess.PIPE,
