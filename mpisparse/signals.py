@@ -127,6 +127,10 @@ def run_launcher(argv: Sequence[str], env: Mapping[str, str]) -> int:
             _kill(proc)
             return
         state["stop"], state["stop_at"] = signum, time.monotonic()
+        try:
+            os.write(2, f"mpisparse: {signal.Signals(signum).name}: stopping the job\n".encode())
+        except (OSError, ValueError):
+            pass
         if proc is not None:
             _send(proc, signal.SIGTERM)
 

@@ -37,7 +37,8 @@ def test_stop_signals_end_the_whole_job_non_zero(tmp_path, sig):
     try:
         job.proc.send_signal(getattr(signal, sig))
         code = job.wait(30)
-        assert code != 0, job.text()
+        assert code == 128 + getattr(signal, sig), job.text()
+        assert f"mpisparse: {sig}: stopping the job" in job.err.read_text()
         left = wait_gone(job.id, 10)
         assert not left, f"left after {sig}: {describe(left)}\n{job.text()}"
     finally:
