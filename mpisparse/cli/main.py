@@ -59,11 +59,26 @@ def main(argv: list[str] | None = None) -> None:
         code = e.code
     except BaseException as e:  # noqa: BLE001 - every failure must end all ranks
         rank = _mpi_rank()
-        msg = f"mpisparse: error on rank {rank}: {type(e).__name__}: {e}"
+        msg = f"mpisparse: error on rank {rank}: {_one_line(e)}"
         if os.environ.get("MPISPARSE_TRACEBACK"):
             traceback.print_exc()
         _fail(1, msg)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line(e: BaseException) -> str:
+    """``TYPE: MESSAGE`` of a failure; an MPI error's multi-line error stack shortened to its first line.
+
+    A rank that dies (a parameter server killed, a node lost) makes its peers'
+    next call fail with such a stack; the launcher reports the dead rank.
+    """
+    text = f"{type(e).__name__}: {e}"
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and isinstance(e, mpi.Exception):
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        text = (f"MPI error: {lines[0] if lines else e.Get_error_string()} (another rank of the job may have "
+                "died; see the launcher's report)")
+    return text
 
 
 def _as_rank() -> None:

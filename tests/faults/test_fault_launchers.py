@@ -112,3 +112,22 @@ def test_a_missing_dataset_is_one_line_before_mpi_starts(tmp_path, data, model):
         errors = [ln for ln in p.stderr.splitlines() if ln.startswith("Error:")]
         assert len(errors) == 1 and "--data-dir" in errors[0] and str(d.name) in errors[0], p.stderr
         assert not started.exists()  # nothing was launched
+
+
+def test_an_mpi_error_stack_from_a_dead_peer_is_one_line():
+    """A killed parameter server makes the workers' next MPI call fail with a multi-line error stack."""
+    mpi_flavor()  # imports mpi4py's MPI without initialising MPI in this process
+    from mpi4py import MPI
+
+    from mpisparse.cli.main import _one_line
+
+    class Stack(MPI.Exception):
+        def __str__(self):
+            return ("Fatal error in PMPI_Recv: Unknown error class, error stack:\nPMPI_Recv(173): MPI_Recv failed\n"
+                    "MPIDI_CH3U_Receive(...): Communication error with rank 2")
+
+    line = _one_line(Stack(MPI.ERR_OTHER))
+    assert "\n" not in line
+    assert line.startswith("MPI error: Fatal error in PMPI_Recv") and "another rank of the job may have died" in line
+    assert _one_line(ValueError("bad")) == "ValueError: bad"
+    assert not MPI.Is_initialized()
