@@ -12,12 +12,12 @@ from pathlib import Path
 import click
 
 from ..config import DATASETS, TRAIN_MODELS, MPConfig, TrainConfig
+from ..launch import under_mpi_launcher
 from ..registry import SCHEMES
 from ..runtimes import check_servers, schemes_of
 from . import output
 from .options import (SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
                       pick_scheme_options, scheme_options, step_options, usage, validated)
-from ..launch import under_mpi_launcher
 from .session import agree_on_config, maybe_relaunch, open_comm
 
 __all__ = ["train"]
