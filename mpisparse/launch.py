@@ -150,17 +150,115 @@ def build_mpiexec_command(n: int, args: Sequence[str], *, mpiexec: str = "mpiexe
     return LaunchPlan(argv, env)
 
 
+#: the folder where ranks of a ``-n`` re-launch say they started (:func:`report_started`)
+LAUNCH_DIR = "MPISPARSE_LAUNCH_DIR"
+
+
+class LaunchError(RuntimeError):
+    """The launcher could not be started, or it started no rank."""
+
+
 def relaunch(n: int, args: Sequence[str], *, timeout: int | None = None) -> int:
-    """Run ``mpisparse ARGS`` under ``mpiexec -n n``; returns its exit code."""
-    mpiexec = find_mpiexec()
+    """Run ``mpisparse ARGS`` under ``mpiexec -n n``; returns its exit code.
+
+    Signals to this process are passed on to the job (see
+    :mod:`mpisparse.signals`).  A launch that exits 0 although no rank of
+    this job started (``MPISPARSE_MPIEXEC=/bin/true``, a launcher that
+    ignored the command) raises :class:`LaunchError`: never a silent 0.
+    """
+    import tempfile
+
+    from .signals import run_launcher
+
+    try:
+        mpiexec = find_mpiexec()
+    except RuntimeError as e:
+        raise LaunchError(str(e)) from None
+    flavor = launcher_flavor(mpiexec)
     plan = build_mpiexec_command(
-        n, args, mpiexec=mpiexec, flavor=launcher_flavor(mpiexec),
+        n, args, mpiexec=mpiexec, flavor=flavor,
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0, timeout=timeout,
         remote_shell=has_remote_shell(),
     )
+    started = tempfile.mkdtemp(prefix="mpisparse-launch-")
     # a value the user set for the agent wins
     env = dict(os.environ, **{k: v for k, v in plan.env.items() if k not in os.environ}, MPISPARSE_SPAWNED="1")
+    env[LAUNCH_DIR] = started
     try:
-        return subprocess.call(plan.argv, env=env)
-    except KeyboardInterrupt:
-        return 130
+        code = run_launcher(plan.argv, env)
+        reported = len(os.listdir(started))
+    except OSError as e:
+        raise LaunchError(f"cannot start {mpiexec}: {e.strerror or e}; set MPISPARSE_MPIEXEC to a working "
+                          "mpiexec") from None
+    finally:
+        shutil.rmtree(started, ignore_errors=True)
+    if code == 0 and reported == 0:
+        raise LaunchError(
+            f"{mpiexec} -n {n} exited 0 but started no rank of this job; MPISPARSE_MPIEXEC or PATH must name the "
+            f"mpiexec of the MPI that mpi4py uses ({mpi_flavor()})")
+    return code
+
+
+def report_started(env: Mapping[str, str] = os.environ) -> None:
+    """In a rank of a ``-n`` re-launch: tell the wrapper this rank started (see :func:`relaunch`)."""
+    folder = env.get(LAUNCH_DIR)
+    if folder and under_mpi_launcher(env):
+        try:
+            with open(os.path.join(folder, str(os.getpid())), "w"):
+                pass
+        except OSError:  # a rank on another host: the folder is the wrapper's
+            pass
+
+
+# MPI launchers' own world size, then batch systems' and other frameworks' (used only when no MPI launcher
+# variable is set: an mpiexec inside a Slurm allocation or a torchrun job decides the MPI job's size).
+_MPI_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+_MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+
+
+def launcher_mismatch(mpi_size: int, env: Mapping[str, str] = os.environ) -> str | None:
+    """One line when the launcher's environment says the job has more processes than MPI's world has.
+
+    A launcher from another MPI than the library mpi4py loaded, ``srun``
+    without a PMI plugin, or ``torchrun`` start processes that each come up
+    as a one-rank MPI world and would silently train alone.  None when the
+    sizes agree (or nothing says otherwise).
+    """
+    fix_mpi = (f"launch with the mpiexec of the MPI mpi4py uses ({_flavor_or_other()}), e.g. "
+               "mpisparse ... -n W, or srun --mpi=pmi2/pmix")
+    for var in _MPI_SIZE_VARS:
+        n = _int_env(env, var)
+        if n is not None and n > mpi_size:
+            return f"{var}={n} says the job has {n} processes but MPI's world has {mpi_size}: {fix_mpi}"
+    for var in _MPI_RANK_VARS:
+        r = _int_env(env, var)
+        if r is not None and r >= mpi_size:
+            return (f"{var}={r} says this is process {r} but MPI's world has {mpi_size} "
+                    f"rank{'s' if mpi_size != 1 else ''}: {fix_mpi}")
+    if any(v in env for v in _MPI_SIZE_VARS + _MPI_RANK_VARS):
+        return None
+    for var in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+        n = _int_env(env, var)
+        if n is not None and n > mpi_size and "SLURM_STEP_ID" in env:
+            return (f"{var}={n} says srun started {n} tasks but MPI's world has {mpi_size}: srun gave the tasks "
+                    f"no MPI environment; use srun --mpi=pmi2 or --mpi=pmix (or mpiexec -n {n} in the allocation)")
+    n = _int_env(env, "WORLD_SIZE")
+    if n is not None and n > mpi_size:
+        return (f"WORLD_SIZE={n} says the job has {n} processes but MPI's world has {mpi_size}: torchrun-style "
+                f"launchers do not start an MPI job; use mpisparse ... -n {n} (or mpiexec -n {n}), or unset "
+                "WORLD_SIZE")
+    return None
+
+
+def _int_env(env: Mapping[str, str], var: str) -> int | None:
+    try:
+        return int(env[var])
+    except (KeyError, ValueError):
+        return None
+
+
+def _flavor_or_other() -> str:
+    try:
+        return mpi_flavor()
+    except Exception:  # noqa: BLE001 - only for a message
+        return "unknown"

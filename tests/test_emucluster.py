@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -103,8 +104,18 @@ def test_bad_arguments_are_one_line_errors(args, message):
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv to drop it")
 def test_without_root_it_fails_with_one_line():
-    p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", EMU, "up", "2",
-                        "--instance", INSTANCE], capture_output=True, text=True)
+    # uid 65534 may not be able to enter the checkout (a private home or a mode-700 temporary folder):
+    # it runs a copy in a folder of its own that it can read, from a working directory it can enter
+    public = Path(tempfile.mkdtemp(prefix="mpisparse-emu-"))
+    try:
+        public.chmod(0o755)
+        copy = public / "emucluster"
+        shutil.copyfile(EMU, copy)
+        copy.chmod(0o755)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(copy), "up", "2",
+                            "--instance", INSTANCE], capture_output=True, text=True, cwd=public, timeout=60)
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
     assert p.returncode == 2
     assert p.stderr.strip() == "emucluster: needs root (network namespaces, veth links, tc); run it as root"
 

@@ -16,7 +16,7 @@ import traceback
 import click
 
 from .. import __version__
-from ..launch import env_rank
+from ..launch import env_rank, report_started, under_mpi_launcher
 from . import session
 
 __all__ = ["cli", "main"]
@@ -35,6 +35,8 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the CLI; any failure ends the whole MPI job."""
     session.ARGV[:] = list(sys.argv[1:] if argv is None else argv)
+    if under_mpi_launcher():
+        _as_rank()
     try:
         code = cli.main(args=list(session.ARGV), prog_name="mpisparse", standalone_mode=False)
     except click.exceptions.Exit as e:
@@ -57,11 +59,36 @@ def main(argv: list[str] | None = None) -> None:
         code = e.code
     except BaseException as e:  # noqa: BLE001 - every failure must end all ranks
         rank = _mpi_rank()
-        msg = f"mpisparse: error on rank {rank}: {type(e).__name__}: {e}"
+        msg = f"mpisparse: error on rank {rank}: {_one_line(e)}"
         if os.environ.get("MPISPARSE_TRACEBACK"):
             traceback.print_exc()
         _fail(1, msg)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line(e: BaseException) -> str:
+    """``TYPE: MESSAGE`` of a failure; an MPI error's multi-line error stack shortened to its first line.
+
+    A rank that dies (a parameter server killed, a node lost) makes its peers'
+    next call fail with such a stack; the launcher reports the dead rank.
+    """
+    text = f"{type(e).__name__}: {e}"
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and isinstance(e, mpi.Exception):
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        text = (f"MPI error: {lines[0] if lines else e.Get_error_string()} (another rank of the job may have "
+                "died; see the launcher's report)")
+    return text
+
+
+def _as_rank() -> None:
+    """A rank: tell a ``-n`` wrapper it started, stop when the launcher goes, keep an early SIGUSR1."""
+    from .. import signals
+
+    report_started()
+    signals.watch_launcher()
+    if session.ARGV[:1] == ["train"]:
+        signals.install_early_usr1()
 
 
 def _mpi_running() -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from ..config import DATASETS, TRAIN_MODELS, MPConfig, TrainConfig
+from ..launch import under_mpi_launcher
 from ..registry import SCHEMES
 from ..runtimes import check_servers, schemes_of
 from . import output
@@ -102,6 +103,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           resume=resume, scheme_options=dict(per_scheme[s]),
                           diagnostics=diagnostics, servers=servers, mp=mp_cfg)
         cfgs.append(validated(cfg, nprocs))
+    _check_data_dir(data, data_dir)
     if not (resume or overwrite_checkpoint):
         _refuse_existing_checkpoints(cfgs)
     maybe_relaunch(nprocs, timeout)
@@ -123,6 +125,24 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
             output.print_train_result(res)
     if comm.rank == 0:
         output.finish_train(results, steps, log, json_path, plot_path)
+
+
+def _check_data_dir(data: str, data_dir: str | None) -> None:
+    """Outside a launcher (``-n`` or one process): a missing dataset is one line before MPI starts.
+
+    Under a launcher each rank reads its own (maybe node-local) folder and says so itself.
+    """
+    if data_dir is None or data not in ("cifar10", "text") or under_mpi_launcher():
+        return
+    if not Path(data_dir).is_dir():
+        raise click.UsageError(f"--data-dir {data_dir} is not a folder; allowed: an existing folder holding the "
+                               f"{data} data")
+    from ..data import check_data_dir
+
+    try:
+        check_data_dir(data, data_dir)
+    except FileNotFoundError as e:
+        raise click.UsageError(f"--data-dir: {e}") from None
 
 
 def _refuse_existing_checkpoints(cfgs) -> None:

@@ -229,6 +229,19 @@ def _cifar_dir(data_dir: str) -> str | None:
     return None
 
 
+def _no_cifar(data_dir: str) -> str:
+    return (f"CIFAR-10 binary batches not found in {data_dir!r} (nor in its {CIFAR_SUBDIR}/ "
+            f"subfolder): expected {CIFAR_TEST_FILE} and at least one of {', '.join(CIFAR_TRAIN_FILES)}.")
+
+
+def check_data_dir(data: str, data_dir: str | None) -> None:
+    """Raise FileNotFoundError (one line) if ``data_dir`` lacks the files ``--data`` reads; reads nothing."""
+    if data == "cifar10" and data_dir and _cifar_dir(data_dir) is None:
+        raise FileNotFoundError(_no_cifar(data_dir))
+    if data == "text" and data_dir:
+        _text_files(data_dir)
+
+
 def load_cifar10(data_dir: str) -> Dataset:
     """CIFAR-10 from its binary batches in ``data_dir`` (or ``data_dir/cifar-10-batches-bin/``).
 
@@ -241,10 +254,7 @@ def load_cifar10(data_dir: str) -> Dataset:
     """
     d = _cifar_dir(data_dir)
     if d is None:
-        raise FileNotFoundError(
-            f"CIFAR-10 binary batches not found in {data_dir!r} (nor in its {CIFAR_SUBDIR}/ "
-            f"subfolder): expected {CIFAR_TEST_FILE} and at least one of "
-            f"{', '.join(CIFAR_TRAIN_FILES)}.")
+        raise FileNotFoundError(_no_cifar(data_dir))
     parts = [read_cifar_batch(os.path.join(d, f)) for f in CIFAR_TRAIN_FILES
              if os.path.isfile(os.path.join(d, f))]
     xtr = np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0

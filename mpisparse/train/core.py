@@ -28,6 +28,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..signals import early_usr1
+
 __all__ = ["LoopState", "Preempted", "StepOutcome", "TrainStep", "epoch_line", "mean_over_ranks", "run_loop"]
 
 Progress = Callable[[str | None], None]
@@ -147,7 +149,7 @@ class _Signals:
     """SIGUSR1 (sent by SLURM before the time limit) asks for a checkpoint."""
 
     def __init__(self) -> None:
-        self.requested = False
+        self.requested = early_usr1()  # a SIGUSR1 that came before training started
         self._old = None
 
     def __enter__(self):
