@@ -22,7 +22,7 @@ PS_KEYS = ("servers", "workers", "ps_mode", "shards", "communications", "bytes_u
 EXCHANGE_KEYS = ("exchange_seconds", "exchange_seconds_mean_over_ranks", "exchange_phases", "bytes_per_selected")
 
 _OPTIONAL = ("skipped_steps", "metrics", "diagnostics", "k", "layers", "gradient_buffer_bytes",
-             "peak_rss_bytes_per_rank")
+             "peak_rss_bytes_per_rank", "staging_copies_per_step")
 
 
 @dataclass
@@ -98,6 +98,13 @@ class RunResult:
         bytes of one float32 gradient buffer, ``4 n`` (``bench step``).
     ``peak_rss_bytes_per_rank``
         peak resident memory of a rank, max over ranks (``bench step``).
+    ``staging_copies_per_step``
+        ``--device cuda`` (collective runtime): what went through host
+        memory because the MPI is not CUDA-aware, per step of a rank, max
+        over ranks: ``{"d2h", "h2d", "d2h_bytes", "h2d_bytes"}`` (copies of
+        exchange buffers into and out of the communicator's pinned staging
+        buffers).  All 0 with a CUDA-aware MPI.  Scalar reads a scheme makes
+        on purpose (a threshold, a count) are not staging and not counted.
 
     Runtime-specific blocks
     -----------------------
@@ -151,6 +158,7 @@ class RunResult:
     layers: int | None = None
     gradient_buffer_bytes: int | None = None
     peak_rss_bytes_per_rank: int | None = None
+    staging_copies_per_step: dict[str, float] | None = None
     ps: dict[str, Any] | None = None
     mp: dict[str, Any] | None = None
     exchange: dict[str, Any] | None = None

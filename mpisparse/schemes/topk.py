@@ -32,8 +32,9 @@ class TopK(SparseGatherScheme):
             self._layer_k = [min(s.size, math.ceil(self.density * s.size)) for s in self.layout.layers]
 
     def select(self, acc) -> np.ndarray:
+        xp = backend.array_module(acc)
         if self._scratch is None:
-            self._scratch = np.empty_like(acc)
+            self._scratch = xp.empty_like(acc)
         if not self.opts["layerwise"]:
             return backend.topk_abs(acc, self.k, scratch=self._scratch)
         parts = []
@@ -42,4 +43,4 @@ class TopK(SparseGatherScheme):
             if k:
                 local = backend.topk_abs(self.layout.view(acc, i), k, scratch=self.layout.view(self._scratch, i))
                 parts.append(local.astype(backend.index_dtype(self.n), copy=False) + slot.offset)
-        return np.concatenate(parts) if parts else np.empty(0, backend.index_dtype(self.n))
+        return xp.concatenate(parts) if parts else xp.empty(0, backend.index_dtype(self.n))
