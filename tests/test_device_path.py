@@ -43,7 +43,14 @@ SCALAR_BYTES = 64
 
 @pytest.fixture
 def cp(monkeypatch):
-    return strictcupy.install(monkeypatch)
+    """Strict CuPy with the NumPy kernels behind the device wall (fast)."""
+    return strictcupy.install(monkeypatch, kernels="host")
+
+
+@pytest.fixture
+def cp_emu(monkeypatch):
+    """Strict CuPy with the package's CUDA C kernels on the CPU emulator (slow: a few launches only)."""
+    return strictcupy.install(monkeypatch, kernels="emu")
 
 
 # ----------------------------------------------------------------------------- the strict fake
@@ -73,7 +80,8 @@ def test_strict_arrays_refuse_implicit_conversion_and_count_copies(cp):
     assert strictcupy.COUNTS["d2h"] == 7 and strictcupy.D2H_SIZES == [4, 4, 4, 24, 24, 4, 8]
 
 
-def test_backend_helpers_stay_on_the_device(cp):
+def test_backend_helpers_stay_on_the_device(cp_emu):
+    cp = cp_emu
     rng = np.random.default_rng(0)
     out_h = np.empty(50, np.float32)
     idx_h = np.concatenate([rng.choice(50, 7, replace=False), rng.choice(50, 9, replace=False)]).astype(np.int32)
@@ -159,7 +167,8 @@ def test_state_loaded_before_the_first_step_moves_to_the_device_with_it(cp):
 
 
 # ----------------------------------------------------------------------------- DistributedOptimizer
-def test_distributed_optimizer_keeps_the_step_on_the_device(cp, monkeypatch):
+def test_distributed_optimizer_keeps_the_step_on_the_device(cp_emu, monkeypatch):
+    cp = cp_emu
     from mpisparse.torch import DistributedOptimizer
 
     def run(device: bool):

@@ -23,7 +23,10 @@ the device (``copy``, ``astype``, slicing) are not transfers.
 
 The selection kernels run as the package's CUDA C compiled with ``g++``
 against the CPU emulator of :mod:`gpu_emu.fakecupy` (``RawModule`` here
-unwraps the device arrays and hands them to it).  ``__cuda_array_interface__``
+unwraps the device arrays and hands them to it), or -- ``kernels="host"``,
+for tests that run every scheme many times -- as the NumPy kernels behind
+the device wall (:func:`host_kernels_module`): only the kernel module is
+swapped, the schemes' code is the same.  ``__cuda_array_interface__``
 points at host memory, so an MPI handed these arrays directly (a
 "CUDA-aware" communicator) reads and writes them as host buffers.
 
@@ -385,6 +388,66 @@ class RawModule:
         return _Kernel(self._m.get_function(name))
 
 
+# --------------------------------------------------------------------------- the kernel module, swapped
+HOST_KERNELS = "gpu_emu.strict_host_kernels"
+
+
+def host_kernels_module() -> types.ModuleType:
+    """The selection kernels' API on device arrays, computed by the NumPy kernels behind the device wall.
+
+    The emulated CUDA kernels cost a fraction of a second per launch; a test
+    that runs every scheme many times swaps the kernel module for this one
+    (backend's ``cupy`` entry), which unwraps the device arrays, runs
+    :mod:`mpisparse.backend.numpy_kernels` on their memory and returns device
+    arrays -- the same results (index order aside), with no transfer.  The one
+    value that does cross to the host, ``estimate_threshold``'s float, is
+    counted as an 8-byte read, as on a GPU.
+    """
+    from mpisparse import backend
+    from mpisparse.backend import numpy_kernels as nk
+
+    def host(x):
+        return x._a if isinstance(x, ndarray) else x
+
+    def topk_abs(x, k, *, scratch=None, rng=None, method="auto"):
+        return _wrap(nk.topk_abs(host(x), k, rng=rng))
+
+    def threshold_select(x, t, *, scratch=None):
+        return _wrap(nk.threshold_select(host(x), t))
+
+    def estimate_threshold(x, k, *, sample=0.01, rng=None):
+        t = nk.estimate_threshold(host(x), k, sample=sample, rng=rng)
+        _d2h(8)
+        return t
+
+    def randomk(n, k, rng):
+        return asarray(nk.randomk(n, k, rng))  # drawn on the host, copied (as the CuPy kernel does)
+
+    def rowwise_topk_mask(X, k):
+        return _wrap(nk.rowwise_topk_mask(host(X), k))
+
+    def scatter_sum(out, indices, values, counts, scale):
+        backend.scatter_sum(host(out), host(indices), host(values), counts, scale)
+
+    mod = types.ModuleType(HOST_KERNELS, host_kernels_module.__doc__)
+    mod.__dict__.update(topk_abs=topk_abs, threshold_select=threshold_select,
+                        estimate_threshold=estimate_threshold, randomk=randomk,
+                        rowwise_topk_mask=rowwise_topk_mask, scatter_sum=scatter_sum,
+                        index_dtype=nk.index_dtype)
+    return mod
+
+
+def _use_kernels(kernels: str, setitem) -> None:
+    """``emu``: the package's CUDA C on the emulator; ``host``: :func:`host_kernels_module`."""
+    from mpisparse import backend
+
+    if kernels == "host":
+        setitem(sys.modules, HOST_KERNELS, host_kernels_module())
+        setitem(backend._KERNEL_MODULES, "cupy", HOST_KERNELS)
+    elif kernels != "emu":
+        raise ValueError(f"kernels is {kernels!r}; use 'emu' or 'host'")
+
+
 def as_cupy_module() -> types.ModuleType:
     """This module's names in a module called ``cupy`` (the backend dispatches on the module's name)."""
     mod = types.ModuleType("cupy", __doc__)
@@ -401,19 +464,21 @@ def _clear_kernel_caches(setattr_) -> None:
     setattr_(ck, "_cap_hint", {})
 
 
-def install(monkeypatch) -> types.ModuleType:
+def install(monkeypatch, kernels: str = "emu") -> types.ModuleType:
     """Make this strict emulator ``cupy`` for the duration of a test (pytest ``monkeypatch``)."""
     mod = as_cupy_module()
     monkeypatch.setitem(sys.modules, "cupy", mod)
     _clear_kernel_caches(monkeypatch.setattr)
+    _use_kernels(kernels, monkeypatch.setitem)
     reset_counts()
     return mod
 
 
-def install_globally() -> types.ModuleType:
+def install_globally(kernels: str = "emu") -> types.ModuleType:
     """Make this strict emulator ``cupy`` for the rest of the process (a script run under ``mpiexec``)."""
     mod = as_cupy_module()
     sys.modules["cupy"] = mod
     _clear_kernel_caches(setattr)
+    _use_kernels(kernels, lambda d, k, v: d.__setitem__(k, v))
     reset_counts()
     return mod

@@ -3,8 +3,11 @@
 Run as ``python -m mpi4py tests/mpi/device_path.py OUT.json WHAT [SCHEME ...]``
 under ``mpiexec -n W`` (``WHAT``: ``bench``, ``train`` or ``both``).  CuPy is
 replaced by :mod:`gpu_emu.strictcupy` (device arrays that refuse implicit
-conversion to NumPy and count every device-to-host copy; the package's CUDA C
-kernels run on a CPU emulator).  For each scheme, three runs of the same
+conversion to NumPy and count every device-to-host copy).  The selection
+kernels are the NumPy ones behind the device wall (strictcupy's ``host``
+kernel module: the emulated CUDA kernels take a fraction of a second per
+launch); ``MPISPARSE_DEVICE_PATH_KERNELS=emu`` runs the package's CUDA C on
+the CPU emulator instead (slow; kernel reads are then counted too).  For each scheme, three runs of the same
 seed:
 
 * ``cpu`` -- ``device="cpu"``, the ordinary host path;
@@ -30,6 +33,7 @@ CPU run's, and every rank's figures.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -40,7 +44,7 @@ import torch  # noqa: E402
 
 from gpu_emu import strictcupy  # noqa: E402
 
-cupy = strictcupy.install_globally()
+cupy = strictcupy.install_globally(os.environ.get("MPISPARSE_DEVICE_PATH_KERNELS", "host"))
 
 from mpisparse import backend, device, runtimes  # noqa: E402
 from mpisparse.backend import numpy_kernels as nk  # noqa: E402
