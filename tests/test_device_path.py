@@ -246,3 +246,33 @@ def test_every_scheme_equals_the_cpu_run_and_copies_only_exchange_buffers(device
         assert aware["staging_copies_per_step"] == {"d2h": 0.0, "h2d": 0.0, "d2h_bytes": 0.0, "h2d_bytes": 0.0}
         per_rank_mean = [np.mean(s["staging_d2h"]) for s in staged["ranks"]]
         assert staged["staging_copies_per_step"]["d2h"] == pytest.approx(max(per_rank_mean)), key
+
+
+# ----------------------------------------------------------------------------- options and refusals
+def test_device_option_is_validated_and_refused_where_the_runtime_stays_on_the_host():
+    from mpisparse.config import BenchConfig, MPConfig, TrainConfig
+
+    with pytest.raises(ValueError, match="--device"):
+        TrainConfig(device="gpu").validate()
+    with pytest.raises(ValueError, match="--device"):
+        BenchConfig(model="ncf", device="tpu").validate()
+    TrainConfig(device="cuda", scheme="deft").validate(2)  # data parallel: accepted
+    BenchConfig(model="ncf", scheme="dgc", device="cuda").validate(2)
+    with pytest.raises(ValueError, match=r"^--device cuda: the parameter-server runtime \(scheme slimdp\)"):
+        TrainConfig(device="cuda", scheme="slimdp").validate(3)
+    with pytest.raises(ValueError, match=r"^--device cuda: the pipeline runtime \(--mp-stages\)"):
+        TrainConfig(device="cuda", mp=MPConfig(stages=2)).validate(2)
+
+
+def test_cuda_without_cupy_is_one_usage_line_before_mpi(monkeypatch):
+    import sys
+
+    from click.testing import CliRunner
+
+    from mpisparse.cli.main import cli
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    for args in (["bench", "step", "--device", "cuda", "--model", "ncf"], ["train", "--device", "cuda"]):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 2, res.output
+        assert "--device cuda is not usable here: CuPy is not installed" in res.output
