@@ -138,6 +138,8 @@ def test_checkpoint_round_trip_of_device_state(cp, name, opts):
     a.use_array_module(cp)
     for t in range(2):
         a.step(cp.asarray(g[t]))
+    diag = a.diagnostics()  # runs on device state (no implicit conversion anywhere)
+    assert diag["error_norm"] >= 0.0
     state = a.state_dict()
     buffers = [v for v in state["memory"].values() if isinstance(v, (np.ndarray, cp.ndarray))]
     assert all(type(v) is np.ndarray for v in buffers)  # a checkpoint holds host arrays
