@@ -666,7 +666,8 @@ def _reproduce_render(target: str) -> Renderer:
         rows = []
         for c in rep.get("claims", []):
             measured = c.get("measured", "") + (f" ({c['note']})" if c.get("note") else "")
-            holds = {True: "yes", False: "no", None: "n/a"}.get(c.get("holds"), str(c.get("holds")))
+            holds = "noise" if c.get("within_noise") else {True: "yes", False: "no", None: "n/a"}.get(
+                c.get("holds"), str(c.get("holds")))
             rows.append([c.get("source", ""), c.get("claim", ""), c.get("paper", ""), measured, holds])
         out.append("### Claims against measurements\n\n"
                    + md_table(["source", "paper's claim", "paper", "measured", "holds"], rows, right=()))
@@ -694,7 +695,7 @@ for _t in REPRODUCE_TARGETS:
         about=("One `mpisparse reproduce` target in its `--quick` form (a few minutes on two cores): the "
                "measurements it runs, its detail tables, and each claim of the paper beside the measured value. "
                "`holds` says whether the measurement agrees; `n/a` where it cannot be compared (for example "
-               "another W than the paper's)."),
+               "another W than the paper's); `noise` where two times are closer than the noise margin."),
         runs=(lambda t: lambda quick: [Run(t, ["reproduce", t, "--quick"], out_options={"--out": "runs"})])(_t),
         render=_reproduce_render(_t),
         env=lambda quick: {"MPISPARSE_QUICK": "1"} if quick else {},

@@ -32,12 +32,21 @@ class PhaseTimer:
     time covers its kernels, not only their launch.
     """
 
-    def __init__(self, enabled: bool = True, sync: Callable[[], None] | None = None):
+    def __init__(self, enabled: bool = True, sync: Callable[[], None] | None = None, *, trace: bool = False):
         self.enabled = enabled
         self.recording = True
         self.sync = sync
         self.records: list[dict[str, float]] = []
         self._current: dict[str, float] | None = None
+        #: with ``trace``: ``(name, start, end, step)`` of every timed step and phase, in seconds since
+        #: the epoch (wall clock at the timer's creation plus the performance counter since), for
+        #: :mod:`mpisparse.results.trace`
+        self.spans: list[tuple[str, float, float, int]] | None = [] if trace else None
+        self._origin = (time.time(), time.perf_counter())
+
+    def wall(self, t: float) -> float:
+        """A :func:`time.perf_counter` reading of this timer as seconds since the epoch."""
+        return self._origin[0] + (t - self._origin[1])
 
     def _now(self) -> float:
         if self.sync is not None:
@@ -59,7 +68,10 @@ class PhaseTimer:
         finally:
             cur = self._current
             if cur is not None:
-                cur[name] = cur.get(name, 0.0) + self._now() - t0
+                t1 = self._now()
+                cur[name] = cur.get(name, 0.0) + t1 - t0
+                if self.spans is not None:
+                    self.spans.append((name, t0, t1, len(self.records)))
 
     @contextmanager
     def step(self) -> Iterator[dict[str, float]]:
@@ -73,8 +85,11 @@ class PhaseTimer:
         try:
             yield record
         finally:
-            record["step"] = self._now() - t0
+            t1 = self._now()
+            record["step"] = t1 - t0
             self._current = None
+            if self.spans is not None:
+                self.spans.append(("step", t0, t1, len(self.records)))
             self.records.append(record)
 
     def means(self) -> dict[str, float]:

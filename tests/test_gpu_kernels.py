@@ -270,3 +270,111 @@ def test_torch_cuda_tensors_reach_the_kernels_zero_copy():
     want = torch.topk(t.abs(), 100).indices.cpu().numpy()
     np.testing.assert_array_equal(np.sort(np.abs(t.cpu().numpy()[cupy.asnumpy(idx)])),
                                   np.sort(np.abs(t.cpu().numpy()[want])))
+
+
+# ----------------------------------------------------------------------------- segmented kernels
+def _ref_groups(x, starts, sizes, ks):
+    return [np.sort(np.argsort(-np.abs(x[a:a + s]), kind="stable")[:k] + a) for a, s, k in zip(starts, sizes, ks)]
+
+
+def _groups(got, ks):
+    got = host(got)
+    assert got.size == int(np.sum(ks))
+    ends = np.cumsum(ks)
+    return [np.sort(got[e - k:e]) for e, k in zip(ends, ks)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_segment_topk_abs_matches_per_segment_reference(cp, seed):
+    rng = np.random.default_rng(seed)
+    S = int(rng.integers(2, 25))
+    sizes = rng.integers(0, 12_000, S)
+    sizes[rng.integers(0, S, S // 3)] = rng.integers(0, 2, S // 3)  # empty and one-element segments
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) + np.arange(S)  # gaps between segments
+    n = int(starts[-1] + sizes[-1]) + 2
+    x = rng.standard_normal(n).astype(np.float64 if seed % 3 == 0 else np.float32)
+    sub = rng.permutation(S)[: int(rng.integers(1, S + 1))]  # a subset, in any order
+    st, sz = starts[sub], sizes[sub]
+    ks = np.array([0 if i % 5 == 0 else int(s) if i % 5 == 1 else int(rng.integers(0, s + 1)) if i % 5 == 2
+                   else min(int(s), max(1, int(0.01 * s))) for i, s in enumerate(sz)])
+    d = cp.asarray(x)
+    got = backend.segment_topk_abs(d, st, sz, ks, rng=seed)
+    assert type(got).__module__.startswith("cupy") and host(got).dtype == nk.index_dtype(n)
+    for g, w in zip(_groups(got, ks), _ref_groups(x, st, sz, ks)):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(host(d), x)
+    norms = backend.segment_norms(d, st, sz)
+    want = [np.linalg.norm(x[a:a + s].astype(np.float64)) for a, s in zip(st, sz)]
+    np.testing.assert_allclose(norms, want, rtol=1e-12)
+    assert np.all(norms[sz == 0] == 0.0)
+
+
+def test_segment_topk_abs_retries_many_tiny_and_ties(cp, monkeypatch):
+    rng = np.random.default_rng(8)
+    sizes = np.full(30, 9000, dtype=np.int64)
+    starts = np.arange(30, dtype=np.int64) * 9000
+    x = rng.standard_normal(int(sizes.sum())).astype(np.float32)
+    ks = rng.integers(1, 300, 30)
+    margins = nk._MARGIN_SIGMAS, nk._MARGIN_EXTRA
+    monkeypatch.setattr(nk, "_MARGIN_SIGMAS", -3.0)  # thresholds too high: short segments retry
+    monkeypatch.setattr(nk, "_MARGIN_EXTRA", 0)
+    for g, w in zip(_groups(ck.segment_topk_abs(cp.asarray(x), starts, sizes, ks, rng=1), ks),
+                    _ref_groups(x, starts, sizes, ks)):
+        np.testing.assert_array_equal(g, w)
+    monkeypatch.setattr(nk, "_MARGIN_SIGMAS", margins[0])
+    monkeypatch.setattr(nk, "_MARGIN_EXTRA", margins[1])
+    tiny = rng.integers(0, 4, 700).astype(np.int64)
+    ts = np.concatenate([[0], np.cumsum(tiny)[:-1]]).astype(np.int64)
+    y = rng.standard_normal(int(tiny.sum())).astype(np.float32)
+    tk = np.array([int(rng.integers(0, s + 1)) for s in tiny])
+    for g, w in zip(_groups(ck.segment_topk_abs(cp.asarray(y), ts, tiny, tk), tk), _ref_groups(y, ts, tiny, tk)):
+        np.testing.assert_array_equal(g, w)
+    ties = rng.integers(-2, 3, 20_000).astype(np.float32)
+    got = _groups(ck.segment_topk_abs(cp.asarray(ties), [0, 5000], [5000, 15_000], [777, 9000]), [777, 9000])
+    for g, a, s, k in zip(got, (0, 5000), (5000, 15_000), (777, 9000)):
+        assert np.unique(g).size == k and g.min() >= a and g.max() < a + s
+        assert np.abs(ties[g]).min() >= np.sort(np.abs(ties[a:a + s]))[::-1][k - 1]
+
+
+def test_segmented_launches_do_not_grow_with_the_number_of_segments(cp):
+    """10 vs 60 segments: the same number of RawKernel launches (the emulator counts them)."""
+    if not hasattr(cp, "as_cupy_module"):
+        pytest.skip("launch counting needs the emulator")
+    rng = np.random.default_rng(3)
+    n = 60_000
+    x = cp.asarray(rng.standard_normal(n).astype(np.float32))
+    launches = {}
+    for S in (10, 60):
+        sizes = np.full(S, n // S, dtype=np.int64)
+        starts = np.arange(S, dtype=np.int64) * (n // S)
+        ks = np.maximum(1, sizes // 100)
+        ck.segment_topk_abs(x, starts, sizes, ks, rng=0)  # compile and warm the kernel cache
+        before = sum(f.launches for key, f in ck._modules.items() if len(key) == 3)
+        ck.segment_topk_abs(x, starts, sizes, ks, rng=0)
+        ck.segment_norms(x, starts, sizes)
+        launches[S] = sum(f.launches for key, f in ck._modules.items() if len(key) == 3) - before
+    assert launches[10] == launches[60] == 3, launches  # sample, candidates, norms
+
+
+def test_auto_method_table_reproduces_the_fixed_rule():
+    for n in (1000, ck.SMALL_N, ck.SMALL_N + 1, 10**7):
+        for k in (1, n // 10, n // 4, n // 4 + 1, n - 1):
+            want = "radix" if n <= ck.SMALL_N or k > ck.DENSE_FRACTION * n else "sample"
+            assert ck.auto_method(n, k) == want, (n, k)
+
+
+def test_gpu_select_benches_run_and_report(cp):
+    """`bench select --backend cupy` (kernels and --mode deft) end to end on the device path."""
+    from mpisparse.bench import select_gpu
+
+    res = select_gpu.run_select_bench_gpu(n=20_001, density=0.01, repeats=1)
+    assert res["auto"]["picked"] == ck.auto_method(20_001, res["params"]["k"])
+    assert set(res["auto"]["times_ms"]) == {"sample", "radix"}
+    assert all(res["checks"][f"topk_exact_{m}"] for m in ("auto", "sample", "radix"))
+    text = select_gpu.format_select_bench_gpu(res)
+    assert "auto picked" in text
+    rows = select_gpu.run_deft_select_bench_gpu(models=("ncf",), worlds=(2,), repeats=1)
+    assert [r["world_size"] for r in rows] == [2]
+    assert all(r["deft_max_seconds"] > 0 and r["norms_ms"] > 0 for r in rows)
+    text = select_gpu.format_deft_select_bench_gpu(rows)
+    assert "ncf W=2 DEFT select (max rank)" in text and "layer norms" in text

@@ -183,6 +183,8 @@ def test_dct_threshold_deviation_and_claims():
     assert [c.source for c in claims] == ["Fig. 2"] * 2 + ["Fig. 8a"] * 3
     assert [c.holds for c in claims] == [True, True, True, True, True]
     assert "+20% step time" in claims[2].measured and "+25% speed" in claims[3].measured
+    close = dct_threshold.evaluate(trows, dct_threshold.lifespan_rows({1: job(1.0, 1.05, 0.3, 0.05)}))[2]
+    assert close.verdict == "noise" and "linear-time selection" in close.note
 
 
 def test_slimdp_traffic_claims():
@@ -263,3 +265,42 @@ def test_reproduce_target_quick(name, tmp_path):
     for c in rep["claims"]:
         assert c["source"] and c["claim"] and c["paper"] and c["measured"]
         assert c["holds"] in (True, False, None)
+
+
+def test_time_verdicts_use_medians_and_a_noise_margin():
+    from mpisparse.reproduce.base import Report, claims_summary, median, time_less
+
+    assert median([3.0, 1.0, 2.0]) == 2.0 and median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    assert time_less([1.0, 9.0, 1.1], [2.0, 2.1, 0.1]) == (True, False)  # medians 1.1 vs 2.0: one outlier each
+    assert time_less([2.0], [1.0]) == (False, False)
+    assert time_less([1.0], [1.05]) == (None, True)  # 5% apart: too close to call
+    assert time_less([1.0], [1.05], margin=0.01) == (True, False)
+    c = Claim("s", "c", "p", "m", None, within_noise=True)
+    assert c.verdict == "noise" and "noise" in format_claims([c]) and claims_markdown([c]).endswith("| noise |")
+    rep = Report("t", "title", "seed", "quick", claims=[c, Claim("s", "c", "p", "m", True),
+                                                           Claim("s", "c", "p", "m", False)])
+    assert claims_summary([rep]) == "claims: 1 hold, 1 do not, 1 within noise, 0 not comparable (3 in all)"
+
+
+def test_deft_breakdown_takes_medians_of_repeated_jobs_and_calls_close_times_noise():
+    def job(deft_select):
+        return deft_breakdown.breakdown_rows([_res("topk", 2, 0.002, **_phases(0.04, 0.01, 0.01, 0.07)),
+                                              _res("cltk", 2, 0.001, **_phases(0.03, 0.01, 0.005, 0.05)),
+                                              _res("deft", 2, 0.001, **_phases(deft_select, 0.008, 0.004, 0.04))])
+    rows = deft_breakdown.median_rows([job(0.02), job(0.09), job(0.021)])  # one noisy job: the median ignores it
+    assert rows[2]["select"] == pytest.approx(21.0) and len(rows[2]["select_samples"]) == 3
+    sel = deft_breakdown.evaluate(rows)[0]
+    assert sel.holds is True and not sel.within_noise and "holds = median" in sel.note
+    rows = deft_breakdown.median_rows([job(0.0295)])  # 29.5 ms vs cltk's 30 ms
+    sel = deft_breakdown.evaluate(rows)[0]
+    assert sel.holds is None and sel.within_noise and sel.verdict == "noise"
+
+
+def test_deft_speedup_states_the_linear_time_bound():
+    rows = [{"world_size": w, "speedup_measured": s, "imbalance": i} for w, s, i in ((1, 1.0, 1.0), (4, 3.0, 1.2),
+                                                                                    (16, 12.0, 1.25))]
+    inc, lin, bound = deft_speedup.evaluate(rows)
+    assert lin.holds is False and "W / imbalance" in lin.note
+    assert bound.holds is True and "12.00x of bound 12.80x (W=16)" in bound.measured
+    rows[2]["speedup_measured"] = 9.0
+    assert deft_speedup.evaluate(rows)[2].holds is False

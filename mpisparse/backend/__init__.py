@@ -6,7 +6,8 @@ exposes ``__cuda_array_interface__`` (CuPy); torch tensors are converted
 without a copy through DLPack by :func:`as_array`.
 
 The kernels (``topk_abs``, ``threshold_select``, ``estimate_threshold``,
-``randomk``, ``rowwise_topk_mask``) dispatch on the array module of their
+``randomk``, ``rowwise_topk_mask``, and the segmented ``segment_norms`` and
+``segment_topk_abs``) dispatch on the array module of their
 input: NumPy kernels live in :mod:`mpisparse.backend.numpy_kernels`; the CuPy
 kernels of the GPU path plug in under the same names.
 """
@@ -177,6 +178,26 @@ def randomk(n: int, k: int, rng, *, like=None):
 def rowwise_topk_mask(x, k: int):
     """Per row of a 2-D array, a boolean mask of the ``k`` largest magnitudes."""
     return kernels(x).rowwise_topk_mask(x, k)
+
+
+def segment_norms(x, starts, sizes):
+    """L2 norm (float64, on the host) of every segment ``x[starts[i]:starts[i] + sizes[i]]``.
+
+    ``starts``/``sizes`` are host integer sequences (any subset of a vector's
+    layers, in any order, empty segments allowed: norm 0).  The number of
+    kernel calls does not grow with the number of segments.
+    """
+    return kernels(x).segment_norms(x, starts, sizes)
+
+
+def segment_topk_abs(x, starts, sizes, ks, **kw):
+    """Exactly ``ks[i]`` indices of largest magnitude in every segment, as flat indices into ``x``.
+
+    Grouped by segment in the given order (any order within a segment);
+    ``0 <= ks[i] <= sizes[i]``.  The number of kernel calls does not grow
+    with the number of segments (see the kernel modules).
+    """
+    return kernels(x).segment_topk_abs(x, starts, sizes, ks, **kw)
 
 
 def index_dtype(n: int):

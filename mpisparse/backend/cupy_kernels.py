@@ -57,6 +57,21 @@ from the same generator) and copies the ``k`` indices to the device;
 ``rowwise_topk_mask`` runs one block per row (8-bit radix passes in shared
 memory, ties taken in index order), see ``cuda/rowwise.cu``.
 
+Segmented kernels (``cuda/segmented.cu``): the host cuts every segment into
+tiles of at most :data:`SEG_TILE` elements and one block handles one tile, so
+each pass is one launch whatever the number of segments.
+``segment_norms``: one launch (per-tile float64 sums of squares), one
+device-to-host read of the tile sums, summed per segment on the host in a
+fixed order.  ``segment_topk_abs``: the NumPy kernel's algorithm
+(:mod:`mpisparse.backend.numpy_kernels`, segmented section) on the device --
+one sampling launch (hashed positions, combined keys ``segment << 32 | key``),
+one ``cupy.sort``, the thresholds gathered on the device, one candidate
+launch (warp-aggregated appends, per-segment counts), one device-to-host read
+of the counts (retries for short segments only, as in the NumPy kernel), then
+one stable ``cupy.argsort`` of the candidates by (segment, key) and one gather
+of the last ``k_i`` of every segment's group.  About 20 launches in all,
+independent of the number of segments.
+
 Helpers for the sparse exchanges (no NumPy counterpart in the kernel API):
 :func:`scatter_sum` (the contract of :func:`mpisparse.schemes.base.scatter_sum`,
 block by block without atomics, so the float sums equal NumPy's),
@@ -81,6 +96,10 @@ __all__ = [
     "estimate_threshold",
     "randomk",
     "rowwise_topk_mask",
+    "segment_norms",
+    "segment_topk_abs",
+    "auto_method",
+    "AUTO_TABLE",
     "index_dtype",
     "scatter_sum",
     "scatter_add",
@@ -90,7 +109,7 @@ __all__ = [
 ]
 
 #: The CUDA C sources of this backend (in ``mpisparse/backend/cuda``).
-KERNEL_SOURCES = ("select.cu", "rowwise.cu", "scatter.cu")
+KERNEL_SOURCES = ("select.cu", "rowwise.cu", "scatter.cu", "segmented.cu")
 
 #: Threads per block of the element-wise kernels (a multiple of 32).
 BLOCK = 256
@@ -379,13 +398,36 @@ def _sampled_topk(w, k: int, idt, rng):
     return _radix_topk(w, k, idt)
 
 
+#: ``auto``'s choice between the sampled and the radix top-k, by (size, density) band: the first row
+#: with ``n <= max_n`` and ``k / n <= max_density`` gives the method.  NOT MEASURED YET: no GPU has run
+#: these kernels; the rows reproduce the earlier fixed rule (radix for ``n <= SMALL_N`` or
+#: ``k > DENSE_FRACTION * n``, sampled otherwise).  A GPU session fills them from
+#: ``mpisparse bench select --backend cupy --sizes 65536,1000000,25000000 --densities 0.0001,0.001,0.01,0.1
+#: --repeats 20`` (the table prints every method's time, the one ``auto`` picked and a flag where it is
+#: not the fastest; see mpisparse/backend/GPU_TODO.md) and records that command here.
+AUTO_TABLE: tuple[tuple[float, float, str], ...] = (
+    (SMALL_N, 1.0, "radix"),
+    (math.inf, DENSE_FRACTION, "sample"),
+    (math.inf, 1.0, "radix"),
+)
+
+
+def auto_method(n: int, k: int) -> str:
+    """The method ``topk_abs(method="auto")`` uses for ``k`` of ``n`` (:data:`AUTO_TABLE`)."""
+    d = k / n if n else 1.0
+    for max_n, max_density, method in AUTO_TABLE:
+        if n <= max_n and d <= max_density:
+            return method
+    return "radix"
+
+
 def topk_abs(x, k, *, scratch=None, rng=None, method: str = "auto"):
     """Exact top-k by magnitude: exactly ``k`` distinct indices, any order.
 
-    ``method``: ``"auto"`` (sampled threshold + exact correction for large
-    ``n`` and ``k <= n/4``, radix otherwise), ``"sample"`` or ``"radix"``;
-    all return the same value set.  ``rng`` (a ``np.random.Generator``, a
-    seed, or ``None``) drives the sample and only affects speed.
+    ``method``: ``"auto"`` (:func:`auto_method`: the :data:`AUTO_TABLE` band
+    of ``n`` and ``k / n``), ``"sample"`` or ``"radix"``; all return the
+    same value set.  ``rng`` (a ``np.random.Generator``, a seed, or ``None``)
+    drives the sample and only affects speed.
     """
     cp = _cupy()
     x = _as_1d_float(x)
@@ -400,9 +442,183 @@ def topk_abs(x, k, *, scratch=None, rng=None, method: str = "auto"):
     if k == n:
         return cp.arange(n, dtype=idt)
     w = _work(x)
-    if method == "radix" or (method == "auto" and (n <= SMALL_N or k > DENSE_FRACTION * n)):
+    if method == "auto":
+        method = auto_method(n, k)
+    if method == "radix":
         return _radix_topk(w, k, idt)
     return _sampled_topk(w, k, idt, _nk._get_rng(rng))
+
+
+# --------------------------------------------------------------------------
+# segmented kernels
+# --------------------------------------------------------------------------
+
+#: Elements per tile (one block) of the segmented launches.
+SEG_TILE = 1 << 13
+
+
+def _tiles(st: np.ndarray, sz: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(lo, hi, seg)`` of the tiles of every segment (host, int64), segment by segment."""
+    nt = -(-sz // SEG_TILE)
+    seg = np.repeat(np.arange(st.size, dtype=np.int64), nt)
+    first = np.cumsum(nt) - nt
+    lo = st[seg] + (np.arange(seg.size, dtype=np.int64) - first[seg]) * SEG_TILE
+    hi = np.minimum(lo + SEG_TILE, (st + sz)[seg])
+    return lo, hi, seg
+
+
+def _upload(cp, *arrays):
+    """One host-to-device copy of several int64 arrays; returns device views of each."""
+    sizes = [a.size for a in arrays]
+    d = cp.asarray(np.concatenate([np.asarray(a, dtype=np.int64) for a in arrays]) if arrays else
+                   np.zeros(0, np.int64))
+    out, o = [], 0
+    for c in sizes:
+        out.append(d[o:o + c])
+        o += c
+    return out
+
+
+def segment_norms(x, starts, sizes) -> np.ndarray:
+    """L2 norm of every segment, float64 on the host (:func:`mpisparse.backend.segment_norms`).
+
+    One launch (``seg_sumsq``: a float64 sum of squares per tile), one read
+    of the tile sums; summed per segment on the host in tile order, so the
+    result is deterministic.  Empty segments give 0.
+    """
+    cp = _cupy()
+    x = _as_1d_float(x)
+    st, sz = _nk._segments(starts, sizes, x.shape[0])
+    if not (sz > 0).any():
+        return np.zeros(st.size, dtype=np.float64)
+    w = _work(x)
+    lo, hi, seg = _tiles(st, sz)
+    lo_d, hi_d = _upload(cp, lo, hi)
+    partial = cp.empty(lo.size, dtype=np.float64)
+    _kernel("segmented.cu", f"seg_sumsq_{_tn(w.dtype)}")((lo.size,), (BLOCK,), (w, lo_d, hi_d, partial))
+    sq = np.bincount(seg, weights=partial.get(), minlength=st.size)
+    return np.sqrt(sq)
+
+
+def _seg_pass(cp, w, idt, st, sz, tkey_d, seg_ids, cap: int):
+    """One candidate launch over the tiles of the segments ``seg_ids`` (positions into ``tkey_d``).
+
+    Returns ``(idx, keys, segs, counts)``: device candidates and the host hit
+    count of every segment of ``seg_ids``.
+    """
+    lo, hi, tseg = _tiles(st[seg_ids], sz[seg_ids])
+    tseg = seg_ids[tseg]  # the tiles carry the call's segment positions
+    S = tkey_d.size
+    lo_d, hi_d, tseg_d = _upload(cp, lo, hi, tseg)
+    kern = _kernel("segmented.cu", f"seg_select_key_ge_{_tn(w.dtype)}_{_in(idt)}")
+    kdt = _key_dtype(w.dtype)
+    for _ in range(2):
+        idx, keys, segs = cp.empty(cap, dtype=idt), cp.empty(cap, dtype=kdt), cp.empty(cap, dtype=np.int64)
+        counts = cp.zeros(S + 1, dtype=np.uint64)
+        kern((lo.size,), (BLOCK,), (w, lo_d, hi_d, tseg_d, tkey_d, idx, keys, segs, counts, np.int32(S),
+                                    np.uint64(cap)))
+        c = counts.get()  # the one device-to-host read of the pass
+        total = int(c[S])
+        if total <= cap:
+            break
+        cap = total  # exact now
+    return idx[:total], keys[:total], segs[:total], c[:S].astype(np.int64)[seg_ids]
+
+
+def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None):
+    """Exactly ``ks[i]`` indices of largest magnitude per segment (:func:`mpisparse.backend.segment_topk_abs`).
+
+    The NumPy kernel's contract on the device: flat indices grouped by
+    segment in the given order (any order within a segment); ties any
+    choice; NaN ranks largest.  About 20 launches and two or three
+    device-to-host reads of a few numbers per segment, whatever the number of
+    segments (module docstring).  ``scratch`` is accepted for API parity.
+    """
+    cp = _cupy()
+    x = _as_1d_float(x)
+    n = x.shape[0]
+    st, sz = _nk._segments(starts, sizes, n)
+    k = _nk._segment_ks(ks, sz)
+    idt = index_dtype(n)
+    K = int(k.sum())
+    if K == 0:
+        return cp.empty(0, dtype=idt)
+    _check_scratch(x, scratch)
+    w = _work(x)
+    on = np.flatnonzero(k > 0)
+    st, sz, k = st[on], sz[on], k[on]
+    S = on.size
+    wide = w.dtype.itemsize == 8
+    kdt = _key_dtype(w.dtype)
+    rng = _nk._get_rng(rng)
+
+    # per-segment thresholds from one hashed sample and one sort
+    m, r = _nk.segment_plan(sz, k)
+    soff = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(m, out=soff[1:])
+    M = int(soff[-1])
+    st_d, sz_d, soff_d = _upload(cp, st, sz, soff)
+    srt = None
+    if M:
+        samp = cp.empty(M, dtype=np.uint64)
+        seed = np.uint64(int(rng.integers(0, 2**63)))
+        _kernel("segmented.cu", f"seg_sample_keys_{_tn(w.dtype)}")(
+            _grid(M), (BLOCK,), (w, st_d, sz_d, soff_d, np.int32(S), np.int64(M), seed, samp))
+        srt = cp.sort(samp)
+
+    def thresholds(segs: np.ndarray, rr: np.ndarray):
+        """Device keys: the rr-th largest sampled key of each of ``segs`` (0: every entry a candidate)."""
+        pick = np.where((m[segs] > 0) & (rr < m[segs]), soff[segs] + m[segs] - rr, -1)
+        if srt is None or (pick < 0).all():
+            return cp.zeros(segs.size, dtype=kdt)
+        (pick_d,) = _upload(cp, pick)
+        t = srt[cp.maximum(pick_d, 0)] & np.uint64(0xFFFFFFFF)
+        if wide:
+            t = t << np.uint64(32)
+        t[pick_d < 0] = 0
+        return t.astype(kdt)
+
+    all_segs = np.arange(S, dtype=np.int64)
+    tkey = thresholds(all_segs, r)
+    frac = np.where(m > 0, (r + 1) / np.maximum(m, 1), 1.0)
+    cap = int(min(int(sz.sum()), np.ceil((frac * sz).sum() * 1.5) + 4096))
+    idx, keys, segs, cnt = _seg_pass(cp, w, idt, st, sz, tkey, all_segs, cap)
+
+    # too few candidates: lower those segments' thresholds, one more launch over them only
+    short = np.flatnonzero(cnt < k)
+    tries = 1
+    while short.size:
+        if tries >= MAX_RETRIES:
+            r[short] = m[short]  # threshold 0: every entry
+        else:
+            r[short] = np.ceil(r[short] * 2.0 * k[short] / np.maximum(cnt[short], 1)).astype(np.int64) + 16
+        tries += 1
+        tkey[cp.asarray(short)] = thresholds(short, r[short])
+        keep = np.ones(S, dtype=bool)
+        keep[short] = False
+        kept = cp.asarray(keep)[segs]
+        cap2 = int(sz[short].sum())
+        i2, k2, s2, c2 = _seg_pass(cp, w, idt, st, sz, tkey, short, cap2)
+        idx = cp.concatenate([idx[kept], i2])
+        keys = cp.concatenate([keys[kept], k2])
+        segs = cp.concatenate([segs[kept], s2])
+        cnt[short] = c2
+        short = short[c2 < k[short]]
+
+    # exact: stable sort by (segment, key); the last k_i of every segment's group
+    if wide:
+        o1 = cp.argsort(keys)
+        order = o1[cp.argsort(segs[o1])]
+    else:
+        ck = (segs.astype(np.uint64) << np.uint64(32)) | keys.astype(np.uint64)
+        order = cp.argsort(ck)
+    coff = np.cumsum(cnt) - cnt
+    kend = np.cumsum(k)
+    shift = coff + cnt - k - (kend - k)  # source position - output slot, per segment
+    kend_d, shift_d = _upload(cp, kend, shift)
+    j = cp.arange(K, dtype=np.int64)
+    src = j + shift_d[cp.searchsorted(kend_d, j, side="right")]
+    return idx[order[src]]
 
 
 def estimate_threshold(x, k, *, sample=0.01, rng=None) -> float:

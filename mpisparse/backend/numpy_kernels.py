@@ -50,6 +50,8 @@ __all__ = [
     "estimate_threshold",
     "randomk",
     "rowwise_topk_mask",
+    "segment_norms",
+    "segment_topk_abs",
     "index_dtype",
     "CHUNK",
 ]
@@ -350,3 +352,438 @@ def rowwise_topk_mask(X, k) -> np.ndarray:
     mask = np.zeros(X.shape, dtype=np.bool_)
     np.put_along_axis(mask, idx, True, axis=1)
     return mask
+
+
+# --------------------------------------------------------------------------
+# segmented kernels: many segments of one flat vector in O(1) calls
+# --------------------------------------------------------------------------
+#
+# How they work
+# -------------
+# A *segment* is ``x[start:start + size]``; a call takes any list of
+# segments (empty ones allowed, overlapping ones not), e.g. the layers one
+# rank owns.  The number of NumPy calls does not grow with the number of
+# segments: per-segment quantities are arrays, and the passes over the data
+# walk the segments' concatenation (*virtual* positions) in chunks of
+# :data:`CHUNK` elements, whatever segments a chunk spans.
+#
+# ``segment_norms``: the data is viewed as rows of :data:`NORM_ROW`
+# elements; one ``vecdot`` gives every row's sum of squares (one read of
+# ``x``, no temporary), a float64 cumulative sum of the row sums gives the
+# prefix sum of squares at every row boundary, and the rows that hold a
+# segment boundary add the in-row part: sums of squares of their
+# :data:`NORM_SUB`-element pieces, cumulated, plus the last partial piece
+# (at most two rows per segment).  A segment's sum of squares is the difference of the prefix sums
+# at its two ends; an empty segment gives exactly 0 (so does an all-zero one).
+# A non-finite float32 row sum (overflow) makes the segments it touches be
+# recomputed from float64 squares.
+#
+# ``segment_topk_abs`` (exact: exactly ``k_i`` indices per segment, the
+# ``k_i`` largest magnitudes; on ties any choice, deterministic):
+#
+# 1. Magnitude keys: the bits of ``|v|`` as unsigned integers order like
+#    ``|v|`` (NaN above inf).
+# 2. Per-segment thresholds from one random sample: segment ``i`` draws
+#    ``m_i`` positions, one uniform in each of ``m_i`` equal strata (about
+#    32 expected top-k hits, at most ``size/8``), all segments at once; the sampled keys
+#    get the segment's position in the high 32 bits and one ``np.sort`` of
+#    the combined keys orders every segment's sample.  The threshold is the
+#    ``r_i``-th largest sampled key (``r_i``: expected hits + 4 sigma + 4, as
+#    in :func:`topk_abs`), a little below the true ``k_i``-th largest.
+#    Segments with ``r_i >= m_i`` (small or dense) take threshold 0: every
+#    entry is a candidate.
+# 3. One chunked pass over the segments' concatenation collects the
+#    candidates ``key >= t[segment]`` (a chunk inside one segment compares
+#    with a scalar, a chunk spanning several with a per-element threshold
+#    made by ``np.repeat``), in segment order, ascending within a segment.
+# 4. Segments with fewer than ``k_i`` candidates (rare: the margin) get a
+#    lowered rank and a second pass over those segments only (vectorised
+#    over them); after :data:`MAX_RETRIES` passes their threshold is 0.
+# 5. Exact resolution: one ``np.sort`` of the candidates' combined keys
+#    (segment, key) gives each segment's ``k_i``-th largest key ``q_i``;
+#    every candidate with key ``> q_i`` is kept, plus the first
+#    ``k_i - #(> q_i)`` candidates with key ``== q_i`` (lowest indices).
+#
+# Indices come back grouped by segment, in the order the segments were given.
+# Segments of at least :data:`SEG_BIG` elements skip all this and go to
+# :func:`topk_abs` one by one (see :func:`segment_topk_abs`): there a
+# per-segment ``argpartition`` of the candidates beats one big sort, and
+# their number is bounded by the data size, not by the segment count.  float64 input takes the same path with 64-bit
+# keys; its combined sort is an ``np.lexsort`` (segment, key) instead.
+
+#: Row length of the row-sum pass of :func:`segment_norms`, and the piece
+#: length inside the rows that hold a segment boundary.
+NORM_ROW = 4096
+NORM_SUB = 64
+
+
+def _segments(starts, sizes, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, sizes)`` as int64 arrays, checked against ``x``'s length ``n``."""
+    st = np.asarray(starts, dtype=np.int64).reshape(-1)
+    sz = np.asarray(sizes, dtype=np.int64).reshape(-1)
+    if st.shape != sz.shape:
+        raise ValueError(f"starts and sizes must have the same length, got {st.size} and {sz.size}")
+    if sz.size and sz.min() < 0:
+        i = int(np.argmin(sz))
+        raise ValueError(f"sizes[{i}] must be >= 0, got {int(sz[i])}")
+    if st.size and st.min() < 0:
+        i = int(np.argmin(st))
+        raise ValueError(f"starts[{i}] must be >= 0, got {int(st[i])}")
+    end = st + sz
+    if end.size and end.max() > n:
+        i = int(np.argmax(end))
+        raise ValueError(f"segment {i} ends at {int(end[i])}, past the vector's length {n}")
+    return st, sz
+
+
+def _segment_ks(ks, sizes: np.ndarray) -> np.ndarray:
+    k = np.asarray(ks, dtype=np.int64).reshape(-1)
+    if k.shape != sizes.shape:
+        raise ValueError(f"ks must have one entry per segment ({sizes.size}), got {k.size}")
+    bad = np.flatnonzero((k < 0) | (k > sizes))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"ks[{i}] must be in [0, {int(sizes[i])}], got {int(k[i])}")
+    return k
+
+
+def segment_norms(x, starts, sizes) -> np.ndarray:
+    """L2 norm of every segment ``x[starts[i]:starts[i] + sizes[i]]``, float64 (empty -> 0).
+
+    O(1) NumPy calls whatever the number of segments (see the section
+    comment above): one ``vecdot`` pass of row sums of squares, float64
+    prefix sums, in-row prefix sums at the segment boundaries.
+    """
+    x = _as_1d_float(x)
+    n = x.shape[0]
+    st, sz = _segments(starts, sizes, n)
+    out = np.zeros(st.size, dtype=np.float64)
+    if n == 0 or st.size == 0:
+        return out
+    L = NORM_ROW
+    rows = n // L
+    tail = n - rows * L
+    with np.errstate(over="ignore", invalid="ignore"):
+        rs = np.empty(rows + (1 if tail else 0), dtype=np.float64)
+        if rows:
+            X = x[: rows * L].reshape(rows, L)
+            rs[:rows] = _rowdot(X)  # one read of x, accumulated in x's dtype per row
+        if tail:
+            t = x[rows * L:].astype(np.float64)
+            rs[rows] = np.dot(t, t)
+        bad_rows = ~np.isfinite(rs)
+        if bad_rows.any():  # float32 overflow in a row: recompute those rows in float64
+            br = np.flatnonzero(bad_rows)
+            full = br[br < rows]
+            if full.size:
+                R = x[: rows * L].reshape(rows, L)[full].astype(np.float64)
+                rs[full] = _rowdot(R)
+        # prefix sum of squares at row boundaries: P_row[j] = sum of rows < j
+        prow = np.zeros(rs.size + 1, dtype=np.float64)
+        np.cumsum(rs, out=prow[1:])
+        # prefix sums at every segment boundary p: P(p) = prow[p // L] + in-row sum of [row start, p)
+        pts = np.concatenate([st, st + sz])
+        r = pts // L
+        c = pts - r * L
+        inner = c > 0
+        P = prow[r]
+        if inner.any():
+            P[inner] += _in_row_prefix(x, r[inner], c[inner], rows)
+        sq = P[st.size:] - P[: st.size]
+    np.maximum(sq, 0.0, out=sq)  # rounding of the difference never goes below 0
+    out[sz > 0] = np.sqrt(sq[sz > 0])
+    bad = ~np.isfinite(out)
+    if bad.any():  # inf/NaN reached a segment: its own float64 sum decides (inf, or NaN for NaN data)
+        for i in np.flatnonzero(bad):  # only segments holding non-finite data; not a per-layer loop
+            v = x[st[i]: st[i] + sz[i]].astype(np.float64)
+            out[i] = math.sqrt(float(np.dot(v, v)))
+    return out
+
+
+def _in_row_prefix(x: np.ndarray, r: np.ndarray, c: np.ndarray, rows: int) -> np.ndarray:
+    """Sum of squares of ``x[r * L : r * L + c]`` (``0 < c < L``) for every point, in float64.
+
+    Two levels, so the boundary rows cost little more than one read: sums of
+    squares of the :data:`NORM_SUB`-element pieces of every boundary row (one
+    ``vecdot``), their float64 cumulative sums, then the last partial piece
+    element by element.  Points in the partial last row (``r == rows``) use
+    that row's own float64 cumulative sum.
+    """
+    L, B = NORM_ROW, NORM_SUB
+    n = x.shape[0]
+    out = np.zeros(r.size, dtype=np.float64)
+    full = r < rows
+    if full.any():
+        rf, cf = r[full], c[full]
+        ur, inv = np.unique(rf, return_inverse=True)
+        X3 = x[: rows * L].reshape(rows, L // B, B)[ur]  # the boundary rows, in pieces of B
+        sub = _rowdot(X3).astype(np.float64)
+        bad = ~np.isfinite(sub)
+        if bad.any():  # float32 overflow: those rows in float64
+            rb = np.flatnonzero(bad.any(axis=1))
+            sub[rb] = _rowdot(X3[rb].astype(np.float64))
+        csub = np.zeros((ur.size, L // B + 1), dtype=np.float64)
+        np.cumsum(sub, axis=1, out=csub[:, 1:])
+        q = cf // B
+        rem = cf - q * B
+        j = np.arange(B)
+        g = np.minimum((rf * L + q * B)[:, None] + j[None, :], n - 1)
+        e = x[g].astype(np.float64)
+        e *= e
+        e[j[None, :] >= rem[:, None]] = 0.0
+        out[full] = csub[inv, q] + e.sum(axis=1)
+    if not full.all():  # the partial last row
+        t = x[rows * L:].astype(np.float64)
+        t *= t
+        ct = np.cumsum(t)
+        out[~full] = ct[c[~full] - 1]
+    return out
+
+
+def _rowdot(X: np.ndarray) -> np.ndarray:
+    """Sum of squares of every row of the 2-D ``X`` (BLAS dot per row where NumPy has ``vecdot``)."""
+    vecdot = getattr(np, "vecdot", None)  # NumPy >= 2.0
+    return vecdot(X, X) if vecdot is not None else np.einsum("ij,ij->i", X, X)
+
+
+def _keys(xs: np.ndarray, kbuf: np.ndarray | None = None) -> np.ndarray:
+    """Magnitude keys of ``xs`` (uint32 for float32, uint64 for float64)."""
+    if xs.dtype.itemsize == 4:
+        return np.bitwise_and(xs.view(np.uint32), np.uint32(0x7FFFFFFF), out=kbuf)
+    return np.bitwise_and(xs.view(np.uint64), np.uint64(0x7FFFFFFFFFFFFFFF), out=kbuf)
+
+
+class _Virtual:
+    """The concatenation of some segments of ``x``, walked in chunks (the candidate pass)."""
+
+    def __init__(self, st: np.ndarray, sz: np.ndarray):
+        self.st, self.sz = st, sz
+        self.vend = np.cumsum(sz)
+        self.vstart = self.vend - sz
+        self.total = int(self.vend[-1]) if sz.size else 0
+        self.delta = st - self.vstart  # real = virtual + delta[segment]
+
+    def select(self, x: np.ndarray, tkey: np.ndarray, kbuf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Virtual positions (ascending) and keys of the entries with ``key >= tkey[segment]``."""
+        pos_parts, key_parts = [], []
+        vend, vstart, delta = self.vend, self.vstart, self.delta
+        bbuf = np.empty(kbuf.shape[0], dtype=np.bool_)
+        ss, fnz, ge = np.searchsorted, np.flatnonzero, np.greater_equal
+        for v0 in range(0, self.total, CHUNK):
+            v1 = min(self.total, v0 + CHUNK)
+            s0 = int(ss(vend, v0, "right"))
+            s1 = int(ss(vstart, v1, "left"))  # segments s0..s1-1 overlap [v0, v1)
+            m = v1 - v0
+            kb, bb = kbuf[:m], bbuf[:m]
+            one = s1 - s0 == 1
+            if one or bool(np.all(delta[s0:s1] == delta[s0])):  # adjacent in x: a slice
+                a = int(v0 + delta[s0])
+                _keys(x[a:a + m], kb)
+            else:  # segments not adjacent in x: gather this chunk
+                lens = np.minimum(vend[s0:s1], v1) - np.maximum(vstart[s0:s1], v0)
+                gi = np.arange(v0, v1, dtype=np.int64)
+                gi += np.repeat(delta[s0:s1], lens)
+                _keys(x[gi], kb)
+            if one:
+                hit = fnz(ge(kb, tkey[s0], out=bb))
+            else:
+                lens = np.minimum(vend[s0:s1], v1) - np.maximum(vstart[s0:s1], v0)
+                hit = fnz(ge(kb, np.repeat(tkey[s0:s1], lens), out=bb))
+            if hit.size:
+                key_parts.append(kb[hit])
+                hit += v0
+                pos_parts.append(hit)
+        if not pos_parts:
+            return np.empty(0, np.int64), np.empty(0, kbuf.dtype)
+        return np.concatenate(pos_parts), np.concatenate(key_parts)
+
+    def counts(self, vpos: np.ndarray) -> np.ndarray:
+        """Hits per segment of ascending virtual positions."""
+        lo = np.searchsorted(vpos, self.vstart, "left")
+        hi = np.searchsorted(vpos, self.vend, "left")
+        return hi - lo
+
+
+def segment_plan(sizes: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment ``(m_i, r_i)``: sample size and starting rank (the :func:`sample_plan` sizing, vectorised).
+
+    ``m_i = 0`` marks a segment whose every entry is a candidate (no sample:
+    ``k_i == 0`` handled by the caller, ``k_i`` dense, or ``r_i >= m_i``).
+    Shared by the NumPy and CuPy segmented kernels.
+    """
+    s = sizes.astype(np.float64)
+    k = np.maximum(ks, 1).astype(np.float64)
+    m = np.ceil(_SEG_SAMPLE_HITS * s / k)
+    m = np.clip(m, _SEG_SAMPLE_MIN, _SEG_SAMPLE_MAX)
+    m = np.maximum(1.0, np.minimum(m, np.floor(s / 8)))
+    lam = m * k / np.maximum(s, 1.0)
+    r = np.ceil(lam + _MARGIN_SIGMAS * np.sqrt(lam) + _MARGIN_EXTRA)
+    whole = (r >= m) | (ks > DENSE_FRACTION * sizes) | (ks >= sizes)
+    m = np.where(whole, 0, m).astype(np.int64)
+    return m, np.where(whole, 0, r).astype(np.int64)
+
+
+# sample sizing of the segmented top-k: fewer samples per segment than the
+# whole-vector kernel (many segments share one sort); the margin is the same.
+_SEG_SAMPLE_HITS = 32
+_SEG_SAMPLE_MIN = 256
+_SEG_SAMPLE_MAX = 8192
+
+
+def _seg_thresholds(samp_sorted: np.ndarray, soff: np.ndarray, m: np.ndarray, r: np.ndarray,
+                    kdt, wide: bool) -> np.ndarray:
+    """The ``r_i``-th largest sampled key of every sampled segment (0 where ``m_i == 0``)."""
+    t = np.zeros(m.size, dtype=kdt)
+    on = (m > 0) & (r < m)
+    if on.any():
+        pick = samp_sorted[soff[on] + m[on] - r[on]]
+        t[on] = pick if wide else (pick & np.uint64(0xFFFFFFFF)).astype(kdt)
+    return t
+
+
+def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndarray:
+    """Exact top-``ks[i]`` by magnitude in every segment ``x[starts[i]:starts[i] + sizes[i]]``.
+
+    Returns the flat indices into ``x`` (:func:`index_dtype`), exactly
+    ``ks[i]`` per segment (``0 <= ks[i] <= sizes[i]``), grouped by segment
+    in the given order, in no particular order within a segment.  On ties
+    any of the tied entries; NaN ranks as the largest magnitude.  The number
+    of NumPy calls does not grow with the number of segments: segments of
+    fewer than :data:`SEG_BIG` elements are selected all together (the
+    algorithm in the section comment above), each larger one by
+    :func:`topk_abs` (whose chunked pass makes O(size / CHUNK) calls; there
+    are at most ``total size / SEG_BIG`` such segments, so a call makes
+    O(total size / CHUNK) NumPy calls in all).  ``rng`` only affects speed;
+    ``scratch`` (optional, like ``x``) is the large segments' scratch.
+    """
+    x = _as_1d_float(x)
+    if x.dtype == np.float16:
+        x = x.astype(np.float32)
+    elif x.dtype.itemsize > 8:
+        x = x.astype(np.float64)
+    n = x.shape[0]
+    st, sz = _segments(starts, sizes, n)
+    k = _segment_ks(ks, sz)
+    idt = index_dtype(n)
+    ooff = np.zeros(k.size + 1, dtype=np.int64)
+    np.cumsum(k, out=ooff[1:])
+    out = np.empty(int(ooff[-1]), dtype=idt)
+    if out.size == 0:
+        return out
+    rng = _get_rng(rng)
+    big = (sz >= SEG_BIG) & (k > 0)
+    small = ~big & (k > 0)
+    if small.any():
+        si = np.flatnonzero(small)
+        got = _segment_topk_grouped(x, st[si], sz[si], k[si], rng)
+        if si.size == k.size or not big.any():
+            return got.astype(idt, copy=False)
+        # the small segments' output slots: their ranges of out, concatenated
+        ks_s = k[si]
+        slot = np.arange(got.size, dtype=np.int64)
+        slot += np.repeat(ooff[si] - (np.cumsum(ks_s) - ks_s), ks_s)
+        out[slot] = got
+    for i in np.flatnonzero(big):  # at most (total size) / SEG_BIG of them
+        a, e = int(st[i]), int(st[i] + sz[i])
+        sl = None if scratch is None else scratch[a:e]
+        loc = topk_abs(x[a:e], int(k[i]), scratch=sl, rng=rng)
+        o = out[ooff[i]:ooff[i + 1]]
+        o[...] = loc
+        o += idt(a)
+    return out
+
+
+#: Segments of at least this many elements are selected one by one by
+#: :func:`topk_abs` (see :func:`segment_topk_abs`).  Measured on resnet50's
+#: DEFT layers at density 0.01, W = 1, 4, 16 (``mpisparse bench select --mode
+#: deft``, 2 cores): 16384 is on par with a per-layer loop at every W,
+#: 131072 was 10-80 % slower (the vectorised path's sample and sort cost more
+#: than the per-call overhead they save on mid-sized segments).
+SEG_BIG = 1 << 14
+
+
+def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.ndarray, rng) -> np.ndarray:
+    """The segmented algorithm of the section comment on segments with ``k > 0``: flat int64 indices, grouped."""
+    S = st.size
+    wide = x.dtype.itemsize == 8
+    kdt = np.uint64 if wide else np.uint32
+
+    # 2. per-segment thresholds from one sample
+    m, r = segment_plan(sz, k)
+    soff = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(m, out=soff[1:])
+    M = int(soff[-1])
+    if M:
+        sid = np.repeat(np.arange(S, dtype=np.int64), m)
+        # stratified: one position uniform in each of the m_i equal strata of
+        # segment i (ascending, so the gather walks x forward)
+        u = rng.random(M)
+        u += np.arange(M, dtype=np.int64) - soff[sid]
+        u *= (sz / np.maximum(m, 1))[sid]
+        pos = st[sid] + np.minimum(u.astype(np.int64), sz[sid] - 1)
+        sk = _keys(x[pos])
+        if wide:
+            samp = sk[np.lexsort((sk, sid))]
+        else:
+            samp = np.sort((sid.astype(np.uint64) << np.uint64(32)) | sk.astype(np.uint64))
+    else:
+        samp = np.empty(0, dtype=np.uint64)
+    tkey = _seg_thresholds(samp, soff[:-1], m, r, kdt, wide)
+
+    # 3. one chunked candidate pass over all segments
+    V = _Virtual(st, sz)
+    kbuf = np.empty(min(max(V.total, 1), CHUNK), dtype=kdt)
+    vpos, ckey = V.select(x, tkey, kbuf)
+    cnt = V.counts(vpos)
+    cseg = np.repeat(np.arange(S, dtype=np.int64), cnt)
+    real = None  # flat indices, made from vpos at the end (or on a retry)
+
+    # 4. too few candidates: lower those segments' thresholds, pass over them only
+    short = np.flatnonzero(cnt < k)
+    tries = 1
+    while short.size:
+        if real is None:
+            real = vpos + V.delta[cseg]
+        if tries >= MAX_RETRIES:
+            tnew = np.zeros(short.size, dtype=kdt)
+        else:
+            rr = np.ceil(r[short] * 2.0 * k[short] / np.maximum(cnt[short], 1)).astype(np.int64) + 16
+            r[short] = rr
+            tnew = _seg_thresholds(samp, soff[:-1][short], m[short], rr, kdt, wide)
+        tries += 1
+        Vs = _Virtual(st[short], sz[short])
+        p2, k2 = Vs.select(x, tnew, kbuf)
+        c2 = Vs.counts(p2)
+        s2 = np.repeat(short, c2)
+        keep = np.ones(S, dtype=bool)
+        keep[short] = False
+        kc = keep[cseg]
+        cseg = np.concatenate([cseg[kc], s2])
+        real = np.concatenate([real[kc], p2 + Vs.delta[np.repeat(np.arange(short.size), c2)]])
+        ckey = np.concatenate([ckey[kc], k2])
+        order = np.argsort(cseg, kind="stable")  # regroup by segment (rare path)
+        cseg, real, ckey = cseg[order], real[order], ckey[order]
+        cnt[short] = c2
+        short = short[c2 < k[short]]
+
+    # 5. exact resolution: each segment's k-th largest candidate key
+    coff = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(cnt, out=coff[1:])
+    if wide:
+        q = ckey[np.lexsort((ckey, cseg))[coff[1:] - k]]
+    else:
+        ck = cseg.astype(np.uint64)
+        ck <<= np.uint64(32)
+        ck |= ckey
+        ck.sort()
+        q = (ck[coff[1:] - k] & np.uint64(0xFFFFFFFF)).astype(kdt)
+    qc = q[cseg]
+    take = ckey >= qc
+    if np.count_nonzero(take) != k.sum():  # ties at some q_i: only the first (k_i - #(> q_i)) of them
+        gt = ckey > qc
+        eq = take & ~gt
+        need = k - np.bincount(cseg[gt], minlength=S)
+        ceq = np.cumsum(eq)
+        before = np.concatenate([[0], ceq])[coff[:-1]]
+        take = gt | (eq & (ceq - before[cseg] <= need[cseg]))
+    return real[take] if real is not None else vpos[take] + V.delta[cseg[take]]

@@ -100,6 +100,10 @@ def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: i
     except ImportError:
         pass
 
+    auto = ck.auto_method(n, k)
+    methods = {m: timings[name]["best_ms"] for m, name in (("sample", "topk_abs_sample"), ("radix", "topk_abs_radix"))}
+    fastest = min(methods, key=methods.get)
+
     copy_best = timings["copy"]["best_ms"] / 1e3
     one_read_ms = copy_best / 2 * 1e3
     ratios = {"threshold_select/one_read": timings["threshold_select"]["best_ms"] / one_read_ms,
@@ -136,6 +140,7 @@ def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: i
                     **({"torch_topk/topk_abs >= 5": ratios["torch_topk/topk_abs"] >= 5.0}
                        if "torch_topk/topk_abs" in ratios else {})},
         "checks": checks,
+        "auto": {"picked": auto, "fastest": fastest, "times_ms": methods, "auto_is_fastest": auto == fastest},
         "machine": {"device": name.decode() if isinstance(name, bytes) else str(name),
                     "cupy": cp.__version__, "torch": torch_version, "python": platform.python_version(),
                     "numpy": np.__version__},
@@ -157,6 +162,11 @@ def format_select_bench_gpu(res: dict) -> str:
     lines += ["", f"{'ratio':<34}{'best':>8}"]
     for name, r in res["ratios"].items():
         lines.append(f"{name:<34}{r:>8.2f}")
+    a = res["auto"]
+    lines += ["", "topk_abs method times (best ms): " + ", ".join(f"{m} {t:.3f}" for m, t in a["times_ms"].items())
+              + f"; auto picked {a['picked']}"
+              + ("" if a["auto_is_fastest"] else f"  <-- NOT the fastest ({a['fastest']}): update "
+                 "cupy_kernels.AUTO_TABLE")]
     lines += ["", "targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in res["targets"].items())]
     c = res["checks"]
     lines.append(f"checks: topk exact auto/sample/radix {c['topk_exact_auto']}/{c['topk_exact_sample']}/"
@@ -166,17 +176,28 @@ def format_select_bench_gpu(res: dict) -> str:
     return "\n".join(lines)
 
 
+#: Targets of the segmented DEFT selection on the device (resnet50's layers, density 0.01, an H100):
+#: ``(model, density, world size or None for the norms) -> ms``.
+DEFT_TARGETS_MS = {("resnet50", 0.01, 1): 1.0, ("resnet50", 0.01, 4): 0.4, ("resnet50", 0.01, None): 0.1}
+
+
 def run_deft_select_bench_gpu(models=("resnet50", "lstm-wt2"), worlds=(1, 2, 4, 8, 16), density: float = 0.01,
                               seed: int = 0, repeats: int = 5) -> list[dict]:
-    """DEFT's per-rank selection (Alg. 5) on a device gradient, against whole-vector top-k on the device.
+    """DEFT's per-rank selection (Alg. 5) on a device gradient, landed vs peers vs targets.
 
     The model-shaped synthetic gradient of ``bench step`` (rank 0's) is
-    copied to the device; :func:`mpisparse.schemes.deft.simulate_selection_times`
-    (device-generic) times every rank's share one after another, and
-    ``topk_abs`` of the whole vector is timed the same way (wall clock
-    between device synchronisations, best of ``repeats``).  ``dense_bytes``
-    is the buffer a dense Allreduce would move, for comparison with
-    ``bench step --scheme dense``.
+    copied to the device.  Landed: :func:`mpisparse.schemes.deft.simulate_selection_times`
+    (the segmented kernels: one ``segment_topk_abs`` call per rank, one
+    ``segment_norms`` call for the norms), the max over the ``W`` simulated
+    ranks; the norms are timed the same way (wall clock between device
+    synchronisations, best of ``repeats``, the device-to-host read of the
+    norms included).  Peers on the same device and the same bins, when torch
+    has CUDA: ``peer_topk_ms``, one ``torch.topk(x[layer].abs(), k)`` per
+    layer of a rank (the DEFT reference's way; max over ranks), and
+    ``peer_norms_ms``, ``torch.segment_reduce`` of the squares over the
+    layer lengths (one reduction launch, plus the squaring).  Whole-vector
+    ``topk_abs`` is timed too (``topk_seconds``).  ``dense_bytes`` is the
+    buffer a dense Allreduce would move.  Targets: :data:`DEFT_TARGETS_MS`.
     """
     if not ck.available():
         raise RuntimeError("no GPU/CuPy available: `bench select --backend cupy` needs CuPy and a CUDA device")
@@ -184,10 +205,17 @@ def run_deft_select_bench_gpu(models=("resnet50", "lstm-wt2"), worlds=(1, 2, 4, 
 
     from ..fusion import FusionLayout
     from ..gradgen import SyntheticGradients
+    from ..layer_partition import bin_pack, my_part
     from ..models.shapes import layer_shapes
     from ..schemes.base import k_for
-    from ..schemes.deft import simulate_selection_times
+    from ..schemes.deft import deft_layers, layer_norms, local_k, simulate_selection_times
 
+    try:
+        import torch
+
+        torch_cuda = torch.cuda.is_available()
+    except ImportError:
+        torch, torch_cuda = None, False
     timed = _timer(cp)
     rows = []
     for model in models:
@@ -195,14 +223,45 @@ def run_deft_select_bench_gpu(models=("resnet50", "lstm-wt2"), worlds=(1, 2, 4, 
         g = cp.asarray(SyntheticGradients(layout, 0, seed=seed).fill(layout.empty(), 0))
         k = k_for(density, layout.n)
         topk = timed(lambda: ck.topk_abs(g, k), repeats)["best_ms"] / 1e3
+        gt = torch.from_dlpack(g) if torch_cuda else None
         for w in worlds:
-            sim = simulate_selection_times(layout, g, density, int(w), repeats=repeats)
-            rows.append({"model": model, "n": layout.n, "k": k, "density": density, "world_size": int(w),
+            w = int(w)
+            sim = simulate_selection_times(layout, g, density, w, repeats=repeats)
+            layers = deft_layers(layout, w)
+            norms_ms = timed(lambda: layer_norms(g, layers), repeats)["best_ms"]
+            peer_topk_ms = peer_norms_ms = None
+            if torch_cuda:
+                sizes = [layer.size for layer in layers]
+                ks = local_k(sizes, layer_norms(g, layers), k)
+                bins = bin_pack(sizes, ks, w)
+                parts = [bins[my_part(rank, 0, w)] for rank in range(w)]
+                per_rank = []
+                for part in parts:
+                    spans = [(layers[x].start, layers[x].end, int(ks[x])) for x in part if ks[x] > 0]
+
+                    def per_layer(spans=spans):
+                        return [torch.topk(gt[a:e].abs(), kk).indices for a, e, kk in spans]
+
+                    per_rank.append(timed(per_layer, repeats)["best_ms"])
+                peer_topk_ms = max(per_rank)
+                lens = torch.tensor(sizes, device=gt.device)
+                peer_norms_ms = timed(lambda: torch.segment_reduce(gt.square(), "sum", lengths=lens),
+                                      repeats)["best_ms"]
+            rows.append({"model": model, "n": layout.n, "k": k, "density": density, "world_size": w,
                          "layers": sim["layers"], "topk_seconds": topk, "deft_max_seconds": sim["max_seconds"],
                          "deft_mean_seconds": sim["mean_seconds"], "imbalance": sim["imbalance"],
                          "overhead_seconds": sim["norms_seconds"] + sim["alloc_seconds"],
+                         "norms_ms": norms_ms, "peer_topk_ms": peer_topk_ms, "peer_norms_ms": peer_norms_ms,
+                         "target_select_ms": DEFT_TARGETS_MS.get((model, density, w)),
+                         "target_norms_ms": DEFT_TARGETS_MS.get((model, density, None)),
                          "dense_bytes": layout.n * 4, "backend": "cupy"})
     return rows
+
+
+def _vs(landed: float, peer, target) -> str:
+    p = "-" if peer is None else f"{peer:.3f}"
+    t = "-" if target is None else f"<= {target:g} {'met' if landed <= target else 'NOT met'}"
+    return f"{landed:>9.3f}{p:>10}  {t}"
 
 
 def format_deft_select_bench_gpu(rows: list[dict]) -> str:
@@ -212,4 +271,15 @@ def format_deft_select_bench_gpu(rows: list[dict]) -> str:
         lines.append(f"{r['model']:<10}{r['world_size']:>4}{r['layers']:>8}{r['topk_seconds'] * 1e3:>10.3f}"
                      f"{r['deft_max_seconds'] * 1e3:>13.3f}{r['overhead_seconds'] * 1e3:>13.3f}"
                      f"{r['imbalance']:>11.2f}")
+    lines += ["", "landed (segmented kernels) vs peer (torch on the same device) vs target, ms:",
+              f"{'':<34}{'landed':>9}{'peer':>10}  target"]
+    for r in rows:
+        lines.append(f"{r['model'] + ' W=' + str(r['world_size']) + ' DEFT select (max rank)':<34}"
+                     + _vs(r["deft_max_seconds"] * 1e3, r["peer_topk_ms"], r["target_select_ms"]))
+        lines.append(f"{r['model'] + ' W=' + str(r['world_size']) + ' layer norms':<34}"
+                     + _vs(r["norms_ms"], r["peer_norms_ms"], r["target_norms_ms"]))
+    if rows and rows[0]["peer_topk_ms"] is None:
+        lines.append("(peers not timed: torch has no CUDA)")
+    lines.append("peers: one torch.topk per layer of a rank (max over ranks); "
+                 "torch.segment_reduce(x.square(), 'sum', lengths) for the norms")
     return "\n".join(lines)

@@ -74,6 +74,9 @@ def select_row(res: dict[str, Any]) -> dict[str, Any]:
         row[f"{name}_median_ms"] = t["median_ms"]
     for name, r in res["ratios"].items():
         row[f"ratio {name}"] = r
+    if "auto" in res:  # the GPU kernels: which top-k method auto picked, flagged when it is not the fastest
+        a = res["auto"]
+        row["auto"] = a["picked"] + ("" if a["auto_is_fastest"] else f" (NOT fastest: {a['fastest']})")
     return row
 
 
@@ -86,6 +89,8 @@ def format_select_sweep(results: Sequence[dict[str, Any]]) -> str:
     shown = [k for k in KEY_RATIOS if k in ratios] or ratios  # all of them are in the CSV and JSON
     cols += [Column(f"ratio {k}", k.replace("torch_topk", "torch").replace("threshold_select", "thr"), "{:.2f}")
              for k in shown]
+    if any("auto" in r for r in rows):
+        cols.append(Column("auto", "auto pick", "{}"))
     r0 = results[0]
     m, p = r0["machine"], r0["params"]
     where = (m.get("device") or f"numpy {m.get('numpy')}, torch {m.get('torch')}, "

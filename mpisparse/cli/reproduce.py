@@ -52,7 +52,8 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
     """
     from ..bench.runs import RunFailed
     from ..launch import under_mpi_launcher
-    from ..reproduce.base import Context, Report, Skip, claims_markdown, format_report, write_report_json
+    from ..reproduce.base import (Context, Report, Skip, claims_markdown, claims_summary, format_report,
+                                  write_report_json)
     from ..reproduce.registry import TARGETS, get_target
 
     if list_targets:
@@ -106,6 +107,8 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
     finally:
         if tmp is not None:
             tmp.cleanup()
+    if reports:
+        click.echo("\n" + claims_summary(reports))
     if json_path and reports:
         write_report_json(json_path, reports)
     if failed:

@@ -22,7 +22,8 @@ push, ``apply`` applies a list of them (one in asynchronous mode, a whole
 round in worker order in synchronous mode), ``reply`` answers a worker,
 ``model`` is the shard as the server holds it.
 
-Shared math (pure functions): :func:`scaled_gradient` (``eta (g + lambda w)``)
+Shared math (pure functions): :func:`scaled_gradient` (``eta (g + lambda w)``),
+:func:`async_momentum` (the workers' momentum under asynchrony)
 and :func:`layerwise_topk` (DGS's per-layer threshold keeping the top R %).
 """
 
@@ -175,6 +176,26 @@ def scaled_gradient(g: np.ndarray, w: np.ndarray, lr: float, weight_decay: float
         out[...] = g
     out *= np.float32(lr)
     return out
+
+
+def async_momentum(m: float, workers: int, rule: str = "compensated") -> float:
+    """The momentum a worker of an asynchronous scheme applies (``--async-momentum``).
+
+    ``K`` workers pushing asynchronously into one model act like momentum
+    SGD with an implicit momentum of about ``1 - 1/K`` on top of the
+    explicit one (Mitliagkas, Zhang, Hadjis, Re, "Asynchrony begets
+    momentum, with an application to deep learning", 2016).  With the
+    explicit ``m = 0.9`` and ``K = 2`` the total exceeds 1 and training
+    diverges; ``compensated`` lowers the explicit momentum by the implicit
+    part, ``max(0, m - (1 - 1/K))``, so the total stays near ``m``.  One
+    worker is unchanged.  ``as-given`` keeps ``m`` (the DGS slides' and
+    ASGD's plain form).
+    """
+    if rule == "as-given":
+        return float(m)
+    if rule != "compensated":
+        raise ValueError(f"--async-momentum is {rule!r}; allowed values are compensated, as-given")
+    return max(0.0, float(m) - (1.0 - 1.0 / max(1, int(workers))))
 
 
 def layer_k(layout: FusionLayout, density: float) -> np.ndarray:

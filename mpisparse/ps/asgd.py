@@ -5,8 +5,9 @@ Deep Learning" (slides): the ``ASGD`` and ``GD-async`` rows of their
 CIFAR-10 / ImageNet tables.  Asynchronous: the server applies each push
 when it arrives and answers that worker at once.
 
-Worker ``k`` (momentum ``m`` = train's ``--momentum``, learning rate
-``eta`` = ``--lr``, weight decay ``lambda``):
+Worker ``k`` (momentum ``m`` = train's ``--momentum``, lowered for ``K``
+workers by :func:`.algorithm.async_momentum` unless ``--async-momentum
+as-given``; learning rate ``eta`` = ``--lr``, weight decay ``lambda``):
 
 1. ``u <- m u + eta (grad + lambda w)`` -- momentum on the worker, so that
    the push is the velocity (DGS at density 1 pushes the same vector);
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .algorithm import (ServerAlgorithm, WorkerAlgorithm, layer_pieces, layerwise_topk, push_sparse,
+from .algorithm import (ServerAlgorithm, async_momentum, WorkerAlgorithm, layer_pieces, layerwise_topk, push_sparse,
                         scaled_gradient, single_push)
 from .protocol import PULL, PUSH, Part, ProtocolError, decode_into, is_dense
 
@@ -35,7 +36,7 @@ from .protocol import PULL, PUSH, Part, ProtocolError, decode_into, is_dense
 class ASGDWorker(WorkerAlgorithm):
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.m = float(ctx.momentum)
+        self.m = async_momentum(ctx.momentum, ctx.workers, ctx.opts.get("async_momentum", "compensated"))
         self.d = float(ctx.opts.get("worker_density") or 1.0)
         self.u = np.zeros(self.n, dtype=np.float32)
         self.r = np.zeros(self.n, dtype=np.float32) if self.d < 1.0 else None

@@ -4,7 +4,11 @@ Yan, Xiao, Chen, Zhou, Wu, "Dual-Way Gradient Sparsification for
 Asynchronous Distributed Deep Learning" (slides).  Asynchronous parameter
 server; ``R`` = ``--density`` (fraction kept per layer on the worker),
 ``--server-density`` the secondary compression's fraction (unset: none),
-``m`` = ``--sam-momentum`` (default: train's ``--momentum``).
+``m`` = ``--sam-momentum`` (default: train's ``--momentum``), lowered to
+``max(0, m - (1 - 1/K))`` for ``K`` workers unless ``--async-momentum
+as-given`` (:func:`.algorithm.async_momentum`: ``K`` asynchronous workers
+add about ``1 - 1/K`` of implicit momentum; with ``m = 0.9`` and two
+workers the slides' plain form diverges on digits -- as does ASGD).
 
 Worker ``k`` (worker-side algorithm, lines as on the slides):
 
@@ -53,14 +57,16 @@ from typing import Any
 
 import numpy as np
 
-from .algorithm import (ServerAlgorithm, WorkerAlgorithm, layer_pieces, layerwise_topk, push_sparse,
+from .algorithm import (ServerAlgorithm, async_momentum, WorkerAlgorithm, layer_pieces, layerwise_topk, push_sparse,
                         scaled_gradient, single_push)
 from .protocol import DIFF, MODEL, PULL, PUSH, Part, ProtocolError, decode_into, encode
 
 
 def sam_momentum(ctx) -> float:
+    """SAMomentum's ``m``: ``--sam-momentum`` (default train's ``--momentum``), lowered for asynchrony."""
     m = ctx.opts.get("sam_momentum")
-    return float(ctx.momentum if m is None else m)
+    m = float(ctx.momentum if m is None else m)
+    return async_momentum(m, ctx.workers, ctx.opts.get("async_momentum", "compensated"))
 
 
 class DGSWorker(WorkerAlgorithm):

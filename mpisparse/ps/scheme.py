@@ -30,6 +30,12 @@ SHARD_BY_LAYER = SchemeOption(
     "instead of equal ranges of the flat vector")
 LOCAL_STEPS = SchemeOption(
     "local_steps", int, 1, "ps: p, minibatch steps of local SGD between two communications", low=1)
+ASYNC_MOMENTUM = SchemeOption(
+    "async_momentum", str, "compensated",
+    "asgd, dgs: the workers' momentum under asynchrony. compensated: m - (1 - 1/K) for K workers "
+    "(not below 0), since K asynchronous workers already add about 1 - 1/K of implicit momentum; "
+    "as-given: m unchanged (the papers' setting; may diverge with K >= 2 at m = 0.9)",
+    choices=("compensated", "as-given"))
 ROUND_ROBIN = SchemeOption(
     "round_robin", bool, False,
     "ps: the server takes pushes from workers in turn (0, 1, ..., K-1) instead of in arrival order: "

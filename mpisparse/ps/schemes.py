@@ -9,7 +9,7 @@ from ..registry import SchemeOption, register
 from .asgd import ASGDServer, ASGDWorker
 from .dgs import DGSServer, DGSWorker
 from .plumpdp import PlumpDPServer, PlumpDPWorker
-from .scheme import LOCAL_STEPS, ROUND_ROBIN, SHARD_BY_LAYER, PSScheme
+from .scheme import ASYNC_MOMENTUM, LOCAL_STEPS, ROUND_ROBIN, SHARD_BY_LAYER, PSScheme
 from .slimdp import DEFAULT_CORE_EVERY, SlimDPServer, SlimDPWorker
 
 __all__ = ["ASGD", "DGS", "PlumpDP", "SlimDP"]
@@ -72,6 +72,7 @@ class ASGD(PSScheme):
         SchemeOption("worker_density", float, 1.0,
                      "asgd: fraction of each layer a worker pushes (gradient dropping with a residual; "
                      "1 = dense ASGD)", low=0.0, high=1.0, low_open=True),
+        ASYNC_MOMENTUM,
         ROUND_ROBIN,
         SHARD_BY_LAYER,
     )
@@ -96,6 +97,7 @@ class DGS(PSScheme):
         SchemeOption("sam_momentum", float, None,
                      "dgs: m of SAMomentum, in [0, 1) (default: train's --momentum; 0.9 in bench step)",
                      low=0.0, high=1.0),
+        ASYNC_MOMENTUM,
         ROUND_ROBIN,
         SHARD_BY_LAYER,
     )

@@ -31,8 +31,8 @@ from typing import Any, Callable, ClassVar, Sequence
 
 from ..bench.runs import SubRun, display_command, emucluster_status, run_subrun
 
-__all__ = ["Claim", "Context", "Report", "Target", "Skip", "SIZES", "format_claims", "claims_markdown",
-           "fmt_series", "machine_info"]
+__all__ = ["Claim", "Context", "Report", "Target", "Skip", "SIZES", "TIME_MARGIN", "format_claims",
+           "claims_markdown", "fmt_series", "machine_info", "median", "time_claim", "time_less"]
 
 SIZES = ("full", "quick", "tiny")
 
@@ -59,8 +59,52 @@ class Claim:
     claim: str  # the paper's claim, quoted or paraphrased
     paper: str  # the paper's value(s)
     measured: str  # what this run measured
-    holds: bool | None  # None: not comparable (e.g. another W than the paper's)
+    holds: bool | None  # None: not comparable (e.g. another W than the paper's), or within noise
     note: str = ""
+    #: a time comparison too close to call on this machine (``holds`` is then None)
+    within_noise: bool = False
+
+    @property
+    def verdict(self) -> str:
+        """``yes``, ``no``, ``n/a`` or ``noise`` (a time comparison within :data:`TIME_MARGIN`)."""
+        return "noise" if self.within_noise else holds_text(self.holds)
+
+
+#: two medians of times closer than this (relative to the larger) are "within noise" on a shared machine
+TIME_MARGIN = 0.10
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of repeated measurements (the middle one, or the mean of the middle two)."""
+    v = sorted(float(x) for x in values)
+    if not v:
+        raise ValueError("median of no values")
+    m = len(v) // 2
+    return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
+
+
+def time_less(a: float | Sequence[float], b: float | Sequence[float], *,
+              margin: float = TIME_MARGIN) -> tuple[bool | None, bool]:
+    """The verdict of "time ``a`` < time ``b``" from repeats: ``(holds, within_noise)``.
+
+    Medians of the repeats are compared; if they differ by at most ``margin``
+    of the larger, the comparison is too close to call (``(None, True)``),
+    so a verdict does not flip with the machine's noise.
+    """
+    ma = median(a) if isinstance(a, Sequence) else float(a)
+    mb = median(b) if isinstance(b, Sequence) else float(b)
+    if abs(ma - mb) <= margin * max(abs(ma), abs(mb)):
+        return None, True
+    return ma < mb, False
+
+
+def time_claim(source: str, claim: str, paper: str, measured: str, a, b, *, note: str = "",
+               margin: float = TIME_MARGIN) -> Claim:
+    """A :class:`Claim` whose rule is "time ``a`` < time ``b``" with a noise margin (:func:`time_less`)."""
+    holds, close = time_less(a, b, margin=margin)
+    rule = f"holds = median of a below b by more than {margin:.0%}; closer is 'noise'"
+    return Claim(source, claim, paper, measured, holds, note=f"{note}; {rule}" if note else rule,
+                 within_noise=close)
 
 
 @dataclass
@@ -254,7 +298,7 @@ def format_claims(claims: Sequence[Claim], widths: tuple[int, int, int, int] = (
     lines = [sep.join(h.ljust(x) for h, x in zip(heads, w)).rstrip(), sep.join("-" * x for x in w)]
     for c in claims:
         cols = [_wrap(c.source, w[0]), _wrap(c.claim, w[1]), _wrap(c.paper, w[2]), _wrap(c.measured, w[3]),
-                [holds_text(c.holds)]]
+                [c.verdict]]
         for i in range(max(len(col) for col in cols)):
             lines.append(sep.join((col[i] if i < len(col) else "").ljust(x) for col, x in zip(cols, w)).rstrip())
         if c.note:
@@ -273,8 +317,16 @@ def claims_markdown(claims: Sequence[Claim]) -> str:
     for c in claims:
         measured = c.measured + (f" ({c.note})" if c.note else "")
         rows.append(f"| {cell(c.source)} | {cell(c.claim)} | {cell(c.paper)} | {cell(measured)} | "
-                    f"{holds_text(c.holds)} |")
+                    f"{c.verdict} |")
     return "\n".join(rows)
+
+
+def claims_summary(reports: Sequence[Report]) -> str:
+    """One line counting the verdicts of every claim of ``reports``."""
+    verdicts = [c.verdict for r in reports if not r.skipped for c in r.claims]
+    count = {v: verdicts.count(v) for v in ("yes", "no", "noise", "n/a")}
+    return (f"claims: {count['yes']} hold, {count['no']} do not, {count['noise']} within noise, "
+            f"{count['n/a']} not comparable ({len(verdicts)} in all)")
 
 
 def format_report(rep: Report) -> str:
@@ -308,4 +360,4 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-__all__ += ["format_report", "write_report_json", "holds_text"]
+__all__ += ["claims_summary", "format_report", "write_report_json", "holds_text"]

@@ -109,25 +109,21 @@ def deft_layers(layout, world_size: int) -> list[Layer]:
     return two_stage_partition([s.size for s in layout.layers], world_size)
 
 
+def _spans(layers: Sequence[Layer]) -> tuple[np.ndarray, np.ndarray]:
+    """``(starts, sizes)`` of ``layers`` as int64 arrays (the segmented kernels' input)."""
+    a = np.array([(layer.start, layer.size) for layer in layers], dtype=np.int64).reshape(-1, 2)
+    return a[:, 0], a[:, 1]
+
+
 def layer_norms(vec, layers: Sequence[Layer]) -> np.ndarray:
     """L2 norm of ``vec`` over every layer (input of Alg. 3), as float64.
 
-    ``sqrt(x . x)`` in ``vec``'s dtype; a layer whose sum of squares is not
-    finite in that dtype (float32 overflow) is recomputed in float64.
+    All layers in O(1) kernel calls (:func:`mpisparse.backend.segment_norms`:
+    sums of squares accumulated per row of ``vec`` in its dtype, combined in
+    float64; a float32 overflow is redone in float64).  Empty layers give 0.
     """
-    xp = backend.array_module(vec)
-    out = np.zeros(len(layers), dtype=np.float64)
-    for i, layer in enumerate(layers):
-        if layer.size == 0:
-            continue
-        v = vec[layer.start:layer.end]
-        with np.errstate(over="ignore", invalid="ignore"):
-            sq = float(xp.dot(v, v))
-        if not math.isfinite(sq):
-            v64 = v.astype(xp.float64)
-            sq = float(xp.dot(v64, v64))
-        out[i] = math.sqrt(sq)
-    return out
+    starts, sizes = _spans(layers)
+    return backend.segment_norms(vec, starts, sizes)
 
 
 def local_k(sizes: Sequence[int], norms: Sequence[float], k_total: int) -> np.ndarray:
@@ -146,26 +142,17 @@ def select_layers(vec, layers: Sequence[Layer], ks: Sequence[int], part: Sequenc
                   scratch=None):
     """Alg. 5: top-``ks[x]`` by magnitude in each layer ``x`` of ``part``.
 
-    The fast counterpart of :func:`mpisparse.layer_partition.layerwise_topk`
-    (``backend.topk_abs``, indices in any order within a layer).  Returns the
-    flat indices of ``vec`` (``backend.index_dtype(vec.size)``), layer by
+    The fast counterpart of :func:`mpisparse.layer_partition.layerwise_topk`:
+    all of ``part``'s layers in one :func:`mpisparse.backend.segment_topk_abs`
+    call (no per-layer loop; indices in any order within a layer).  Returns
+    the flat indices of ``vec`` (``backend.index_dtype(vec.size)``), layer by
     layer in the order of ``part``.  ``scratch`` (optional) is a buffer like
     ``vec`` the kernel may overwrite.
     """
-    xp = backend.array_module(vec)
-    dtype = backend.index_dtype(vec.size)
-    pieces = []  # Alg. 5 l.2
-    for x in part:  # Alg. 5 l.3
-        layer, k = layers[x], int(ks[x])
-        if k == 0:
-            continue
-        sl = slice(layer.start, layer.end)
-        idx = backend.topk_abs(vec[sl], k, scratch=None if scratch is None else scratch[sl])  # l.4
-        idx = idx.astype(dtype, copy=False) + dtype(layer.start)  # Alg. 5 l.5
-        pieces.append(idx)  # Alg. 5 l.6
-    if not pieces:
-        return xp.zeros(0, dtype=dtype)
-    return xp.concatenate(pieces) if len(pieces) > 1 else pieces[0]
+    starts, sizes = _spans(layers)
+    p = np.asarray(part, dtype=np.int64).reshape(-1)
+    k = np.asarray(ks, dtype=np.int64).reshape(-1)
+    return backend.segment_topk_abs(vec, starts[p], sizes[p], k[p], scratch=scratch)  # Alg. 5 l.2-6
 
 
 def simulate_selection_times(layout, grad, density: float, world_size: int,

@@ -29,7 +29,10 @@ class TopK(SparseGatherScheme):
         super().__init__(*args, **kw)
         self._scratch = None
         if self.opts["layerwise"]:
-            self._layer_k = [min(s.size, math.ceil(self.density * s.size)) for s in self.layout.layers]
+            self._layer_k = np.array([min(s.size, math.ceil(self.density * s.size)) for s in self.layout.layers],
+                                     dtype=np.int64)
+            self._layer_starts = np.array([s.offset for s in self.layout.layers], dtype=np.int64)
+            self._layer_sizes = np.array([s.size for s in self.layout.layers], dtype=np.int64)
 
     def select(self, acc) -> np.ndarray:
         xp = backend.array_module(acc)
@@ -37,10 +40,6 @@ class TopK(SparseGatherScheme):
             self._scratch = xp.empty_like(acc)
         if not self.opts["layerwise"]:
             return backend.topk_abs(acc, self.k, scratch=self._scratch)
-        parts = []
-        for i, k in enumerate(self._layer_k):
-            slot = self.layout.layers[i]
-            if k:
-                local = backend.topk_abs(self.layout.view(acc, i), k, scratch=self.layout.view(self._scratch, i))
-                parts.append(local.astype(backend.index_dtype(self.n), copy=False) + slot.offset)
-        return xp.concatenate(parts) if parts else xp.empty(0, backend.index_dtype(self.n))
+        # every layer in one segmented call (no per-layer loop)
+        return backend.segment_topk_abs(acc, self._layer_starts, self._layer_sizes, self._layer_k,
+                                        scratch=self._scratch)

@@ -104,8 +104,20 @@ def arange(*args, **kw):
     return _dev(np.arange(*args, **kw))
 
 
-def argsort(a):
-    return _dev(np.argsort(np.asarray(a), kind="stable"))
+def argsort(a, axis=-1, kind=None):  # CuPy's sort is always stable
+    return _dev(np.argsort(np.asarray(a), axis=axis, kind="stable"))
+
+
+def sort(a, axis=-1, kind=None):
+    return _dev(np.sort(np.asarray(a), axis=axis, kind="stable"))
+
+
+def searchsorted(a, v, side="left", sorter=None):
+    return _dev(np.asarray(np.searchsorted(np.asarray(a), np.asarray(v), side=side, sorter=sorter)))
+
+
+def maximum(x1, x2, out=None, dtype=None):
+    return _dev(np.asarray(np.maximum(np.asarray(x1), np.asarray(x2), dtype=dtype)))
 
 
 def abs(a):  # noqa: A001 - CuPy's name

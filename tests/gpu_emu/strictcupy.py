@@ -401,7 +401,8 @@ def host_kernels_module() -> types.ModuleType:
     :mod:`mpisparse.backend.numpy_kernels` on their memory and returns device
     arrays -- the same results (index order aside), with no transfer.  The one
     value that does cross to the host, ``estimate_threshold``'s float, is
-    counted as an 8-byte read, as on a GPU.
+    counted as an 8-byte read, and ``segment_norms``' float64 norms as one read
+    of theirs (the GPU kernel reads per-tile sums instead).
     """
     from mpisparse import backend
     from mpisparse.backend import numpy_kernels as nk
@@ -423,6 +424,14 @@ def host_kernels_module() -> types.ModuleType:
     def randomk(n, k, rng):
         return asarray(nk.randomk(n, k, rng))  # drawn on the host, copied (as the CuPy kernel does)
 
+    def segment_norms(x, starts, sizes):
+        norms = nk.segment_norms(host(x), starts, sizes)
+        _d2h(norms.nbytes)  # the norms come to the host (one read)
+        return norms
+
+    def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None):
+        return _wrap(nk.segment_topk_abs(host(x), starts, sizes, ks, rng=rng))
+
     def rowwise_topk_mask(X, k):
         return _wrap(nk.rowwise_topk_mask(host(X), k))
 
@@ -433,6 +442,7 @@ def host_kernels_module() -> types.ModuleType:
     mod.__dict__.update(topk_abs=topk_abs, threshold_select=threshold_select,
                         estimate_threshold=estimate_threshold, randomk=randomk,
                         rowwise_topk_mask=rowwise_topk_mask, scatter_sum=scatter_sum,
+                        segment_norms=segment_norms, segment_topk_abs=segment_topk_abs,
                         index_dtype=nk.index_dtype)
     return mod
 

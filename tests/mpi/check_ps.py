@@ -58,6 +58,10 @@ def grad(w, k, t):
 
 def run(name, density, steps, *, fail_at=None, fail_server=False, momentum=MOM, **opts):
     """One run of ``name``; returns (role, payload) on this rank. Collective over the world."""
+    if name in ("asgd", "dgs"):
+        # the references below are the algorithms with the momentum as given; the lowering for
+        # asynchrony (--async-momentum compensated) is tested in tests/test_ps_units.py
+        opts.setdefault("async_momentum", "as-given")
     sch = create(name, comm, layout, density, seed=SEED, servers=S, **opts)
     w = W0.copy()
     timer = PhaseTimer()

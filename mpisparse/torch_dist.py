@@ -1,0 +1,263 @@
+"""The schemes without MPI: a torch DDP communication hook over ``torch.distributed``.
+
+::
+
+    import torch.distributed as dist
+    from mpisparse.torch import comm_hook
+
+    dist.init_process_group("gloo")            # or "nccl"; under torchrun
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    state, hook = comm_hook("deft", density=0.01)
+    ddp.register_comm_hook(state, hook)
+
+DDP hands the hook one bucket of gradients at a time (a flat tensor, the
+concatenation of some parameters' gradients) and expects the bucket's mean
+over ranks back.  The hook runs the scheme on the bucket: one scheme
+instance per bucket, with the bucket's parameters as its fusion layout, so
+error feedback, DGC momentum and the other per-step state stay with their
+bucket.  DDP rebuilds its buckets once after the first iteration; a bucket
+whose layout changed gets a fresh scheme (its residual restarts from zero).
+
+The schemes talk to :class:`TorchDistCommunicator`, which offers the
+subset of :class:`mpisparse.comm.Communicator` the data-parallel schemes use
+(collectives, blocking point-to-point, byte counting with the same model)
+over ``torch.distributed``: gloo for CPU tensors, NCCL for CUDA tensors.
+For the same seeds and inputs a scheme returns the same aggregate as under
+MPI (``tests/test_torch_dist.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import backend
+from .comm import CallStats, check_dtype
+from .fusion import FusionLayout
+
+__all__ = ["HookState", "TorchDistCommunicator", "comm_hook"]
+
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def _tensor(x) -> torch.Tensor:
+    """``x`` (NumPy or CuPy, contiguous) as a torch tensor sharing its memory."""
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    return torch.from_dlpack(x)
+
+
+class TorchDistCommunicator:
+    """The data-parallel schemes' communicator interface over a ``torch.distributed`` process group.
+
+    Bytes are counted with the same model as :class:`mpisparse.comm.Communicator`
+    (ring Allreduce and Allgather, chain broadcast), so results compare with
+    MPI runs.  Every call is timed.
+    """
+
+    def __init__(self, group: Any = None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: call torch.distributed.init_process_group "
+                               "first (e.g. under torchrun)")
+        self.group = group
+        self.rank: int = dist.get_rank(group)
+        self.size: int = dist.get_world_size(group)
+        self.check = False
+        self.stats: dict[str, CallStats] = {}
+
+    # ------------------------------------------------------------------ stats
+    @property
+    def bytes_sent(self) -> int:
+        return sum(s.bytes for s in self.stats.values())
+
+    @contextmanager
+    def _timed(self, op: str, nbytes: int) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        s = self.stats.setdefault(op, CallStats())
+        s.calls += 1
+        s.bytes += int(nbytes)
+        s.seconds += time.perf_counter() - t0
+
+    def _ring_allreduce_bytes(self, nbytes: int) -> int:
+        return 2 * (self.size - 1) * nbytes // self.size
+
+    def _ring_allgather_bytes(self, block_bytes: Sequence[int]) -> int:
+        if self.size == 1:
+            return 0
+        return int(sum(block_bytes)) - int(block_bytes[(self.rank + 1) % self.size])
+
+    # ------------------------------------------------------------ collectives
+    def allreduce(self, x, out=None, *, op: str = "sum"):
+        """Sum (or ``op``) of ``x`` over ranks, into ``out`` (in place if ``out is x``)."""
+        check_dtype(x, reduce=True)
+        if out is None:
+            out = x.copy()
+        elif out is not x:
+            out[...] = x
+        nbytes = int(x.size) * np.dtype(x.dtype).itemsize
+        with self._timed("allreduce", self._ring_allreduce_bytes(nbytes)):
+            dist.all_reduce(_tensor(out), op=_OPS[op], group=self.group)
+        return out
+
+    def bcast(self, x, root: int = 0):
+        """Broadcast ``x`` from ``root`` in place; returns ``x``."""
+        check_dtype(x, reduce=False)
+        nbytes = int(x.size) * np.dtype(x.dtype).itemsize
+        sent = nbytes if (self.rank - root) % self.size < self.size - 1 else 0
+        with self._timed("bcast", sent):
+            dist.broadcast(_tensor(x), src=root, group=self.group)
+        return x
+
+    def allgather_counts(self, count: int) -> np.ndarray:
+        mine = torch.tensor([count], dtype=torch.int64)
+        parts = [torch.empty(1, dtype=torch.int64) for _ in range(self.size)]
+        with self._timed("allgather_counts", self._ring_allgather_bytes([8] * self.size)):
+            dist.all_gather(parts, mine, group=self.group)
+        return torch.cat(parts).numpy()
+
+    def allgatherv(self, x, counts: np.ndarray | None = None):
+        """Concatenate every rank's 1-D ``x`` (any length); returns ``(recv, counts)``.
+
+        ``torch.distributed`` gathers equal sizes only: each block is padded
+        to the largest count and the padding dropped (bytes are counted as the
+        variable-size gather of the MPI path would send them).
+        """
+        check_dtype(x, reduce=False)
+        if counts is None:
+            counts = self.allgather_counts(int(x.size))
+        elif int(counts[self.rank]) != int(x.size):
+            raise ValueError(f"allgatherv: this rank passes {x.size} elements but counts[{self.rank}] "
+                             f"is {int(counts[self.rank])}")
+        xp = backend.array_module(x)
+        width = int(max(counts)) if len(counts) else 0
+        padded = xp.zeros(width, dtype=x.dtype)
+        padded[:x.size] = x
+        blocks = [xp.empty(width, dtype=x.dtype) for _ in range(self.size)]
+        itemsize = np.dtype(x.dtype).itemsize
+        with self._timed("allgatherv", self._ring_allgather_bytes(np.asarray(counts) * itemsize)):
+            dist.all_gather([_tensor(b) for b in blocks], _tensor(padded), group=self.group)
+        recv = xp.concatenate([b[:int(c)] for b, c in zip(blocks, counts)]) if self.size else padded[:0]
+        return recv, counts
+
+    # ------------------------------------------------------- point to point
+    def send(self, x, dest: int, tag: int = 0) -> None:
+        check_dtype(x, reduce=False)
+        with self._timed("send", int(x.size) * np.dtype(x.dtype).itemsize):
+            dist.send(_tensor(x), dst=dest, group=self.group, tag=tag)
+
+    def recv(self, x, source: int | None = None, tag: int | None = None) -> tuple[int, int, int]:
+        """Receive exactly ``x.size`` elements into ``x``; returns ``(source, tag, elements)``."""
+        check_dtype(x, reduce=False)
+        with self._timed("recv", 0):
+            src = dist.recv(_tensor(x), src=source, group=self.group, tag=0 if tag is None else tag)
+        return int(src), int(tag or 0), int(x.size)
+
+    def sendrecv(self, x, peer: int, *, tag: int = 0):
+        """Exchange 1-D arrays of any lengths with ``peer`` (counts first); returns the peer's array."""
+        check_dtype(x, reduce=False)
+        mine = torch.tensor([x.size], dtype=torch.int64)
+        theirs = torch.empty(1, dtype=torch.int64)
+        with self._timed("sendrecv_counts", 8):
+            self._exchange(mine, theirs, peer, tag)
+        recv = backend.array_module(x).empty(int(theirs[0]), dtype=x.dtype)
+        with self._timed("sendrecv", int(x.size) * np.dtype(x.dtype).itemsize):
+            self._exchange(_tensor(x), _tensor(recv), peer, tag + 1)
+        return recv
+
+    def _exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int) -> None:
+        ops = [dist.P2POp(dist.isend, send, peer, self.group, tag), dist.P2POp(dist.irecv, recv, peer, self.group, tag)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
+    # ----------------------------------------------------- control plane
+    def allgather_obj(self, obj: Any) -> list:
+        out: list = [None] * self.size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def bcast_obj(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=root, group=self.group)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+
+class HookState:
+    """What :func:`comm_hook`'s hook keeps between calls: one scheme per DDP bucket."""
+
+    def __init__(self, scheme: str, density: float, *, memory: bool = True, seed: int = 0, group: Any = None,
+                 **options: Any):
+        from .registry import scheme_class
+
+        cls = scheme_class(scheme)  # an unknown name fails here, before training starts
+        if getattr(cls, "runtime", None) != "collective":
+            raise ValueError(f"scheme {scheme!r} is not a data-parallel (collective) scheme; a DDP hook can run "
+                             "dense, topk, randomk, threshold, cltk, deft, dct, gtopk, dgc")
+        self.scheme, self.density, self.memory, self.seed = scheme, float(density), bool(memory), int(seed)
+        self.options = dict(options)
+        self.group = group
+        self._comm: TorchDistCommunicator | None = None
+        self.schemes: dict[int, Any] = {}
+        self.steps = 0
+
+    @property
+    def comm(self) -> TorchDistCommunicator:
+        if self._comm is None:
+            self._comm = TorchDistCommunicator(self.group)
+        return self._comm
+
+    def scheme_for(self, index: int, layout: FusionLayout):
+        """The scheme of bucket ``index`` (a new one when the bucket's layout changed)."""
+        from .schemes import create
+
+        sch = self.schemes.get(index)
+        if sch is None or [(s.name, s.shape) for s in sch.layout.layers] != [(s.name, s.shape)
+                                                                          for s in layout.layers]:
+            sch = create(self.scheme, self.comm, layout, self.density, memory=self.memory,
+                         seed=self.seed + 7919 * index, **self.options)
+            self.schemes[index] = sch
+        return sch
+
+
+def _bucket_layout(bucket) -> FusionLayout:
+    return FusionLayout([(f"p{i}", tuple(p.shape)) for i, p in enumerate(bucket.parameters())])
+
+
+def sparse_hook(state, bucket):  # unannotated: DDP compares annotations literally
+    """The DDP communication hook: the bucket's gradients through the scheme, their mean over ranks back."""
+    buf = bucket.buffer()
+    layout = _bucket_layout(bucket)
+    if layout.n != buf.numel():
+        raise RuntimeError(f"DDP bucket {bucket.index()} holds {buf.numel()} values but its parameters have "
+                           f"{layout.n}: a bucket with unused parameters is not supported (find_unused_parameters)")
+    sch = state.scheme_for(bucket.index(), layout)
+    vec = backend.as_array(buf.detach())
+    if vec.dtype != np.float32:
+        raise TypeError(f"the schemes exchange float32 gradients; bucket {bucket.index()} is {vec.dtype}")
+    out = sch.step(vec)
+    buf.copy_(_tensor(out).view_as(buf))
+    if bucket.is_last():
+        state.steps += 1
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
+
+
+def comm_hook(scheme: str = "dense", density: float = 0.01, *, memory: bool = True, seed: int = 0,
+              group: Any = None, **scheme_options: Any) -> tuple[HookState, Any]:
+    """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
+
+    ``scheme`` is any data-parallel scheme (``topk``, ``cltk``, ``deft``,
+    ``gtopk``, ``dgc``, ``randomk``, ``threshold``, ``dct``, ``dense``) with
+    its ``density`` and options, as ``mpisparse train`` takes them.  A scheme
+    that applies momentum itself (``dgc``) needs an optimizer without momentum.
+    """
+    return HookState(scheme, density, memory=memory, seed=seed, group=group, **scheme_options), sparse_hook

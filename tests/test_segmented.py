@@ -1,0 +1,175 @@
+"""The segmented NumPy kernels (``segment_norms``, ``segment_topk_abs``) against per-segment references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mpisparse import backend
+from mpisparse.backend import numpy_kernels as nk
+
+
+def ref_topk(x, starts, sizes, ks):
+    """Per segment, the set of the k largest |x| (ties-free input: unique)."""
+    out = []
+    for a, s, k in zip(starts, sizes, ks):
+        loc = np.argsort(-np.abs(x[a:a + s]), kind="stable")[:k]
+        out.append(np.sort(loc + a))
+    return out
+
+
+def split(got, ks):
+    """``got`` cut into per-segment groups (sorted), checking exactly k_i each."""
+    got = np.asarray(got)
+    assert got.size == int(np.sum(ks))
+    ends = np.cumsum(ks)
+    return [np.sort(got[e - k:e]) for e, k in zip(ends, ks)]
+
+
+def random_layout(rng, tiny=False):
+    S = int(rng.integers(1, 40))
+    sizes = rng.integers(0, 50 if tiny else 5000, S)
+    sizes[rng.integers(0, S, max(1, S // 4))] = rng.integers(0, 2, max(1, S // 4))  # empty and one-element
+    if not tiny and rng.random() < 0.3:
+        sizes[int(rng.integers(0, S))] = int(rng.integers(20_000, 200_000))  # a large segment (topk_abs path)
+    gaps = rng.integers(0, 3, S)
+    starts = np.cumsum(gaps) + np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    n = int(starts[-1] + sizes[-1]) + int(rng.integers(0, 5))
+    return starts.astype(np.int64), sizes.astype(np.int64), n
+
+
+def random_ks(rng, sizes):
+    ks = []
+    for s in sizes:
+        c = rng.random()
+        ks.append(0 if c < 0.15 else int(s) if c < 0.3 else int(rng.integers(0, s + 1)) if c < 0.6
+                  else min(int(s), max(1, int(0.01 * s))))
+    return np.array(ks, dtype=np.int64)
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_segment_topk_abs_equals_per_segment_reference(seed, dtype):
+    rng = np.random.default_rng(seed)
+    starts, sizes, n = random_layout(rng, tiny=seed % 4 == 0)
+    x = rng.standard_normal(n).astype(dtype)  # continuous: ties-free
+    before = x.copy()
+    sub = rng.permutation(starts.size)[: int(rng.integers(1, starts.size + 1))]  # a subset, any order
+    st, sz = starts[sub], sizes[sub]
+    ks = random_ks(rng, sz)
+    got = backend.segment_topk_abs(x, st, sz, ks, rng=seed)
+    assert got.dtype == backend.index_dtype(n)
+    for g, w in zip(split(got, ks), ref_topk(x, st, sz, ks)):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(x, before)
+
+
+def test_segment_topk_abs_many_tiny_segments_and_edges():
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(0, 4, 3000).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    x = rng.standard_normal(int(sizes.sum())).astype(np.float32)
+    ks = np.array([int(rng.integers(0, s + 1)) for s in sizes])
+    got = nk.segment_topk_abs(x, starts, sizes, ks)
+    for g, w in zip(split(got, ks), ref_topk(x, starts, sizes, ks)):
+        np.testing.assert_array_equal(g, w)
+    assert nk.segment_topk_abs(x, [], [], []).size == 0
+    assert nk.segment_topk_abs(x, starts, sizes, np.zeros_like(sizes)).size == 0
+    assert sorted(nk.segment_topk_abs(x, [5], [3], [3]).tolist()) == [5, 6, 7]
+
+
+def test_segment_topk_abs_retry_and_fallback_paths(monkeypatch):
+    """A threshold margin of zero makes many segments come up short: the retries stay exact."""
+    monkeypatch.setattr(nk, "_MARGIN_SIGMAS", -3.0)
+    monkeypatch.setattr(nk, "_MARGIN_EXTRA", 0)
+    rng = np.random.default_rng(7)
+    sizes = np.full(60, 12_000, dtype=np.int64)
+    starts = np.arange(60, dtype=np.int64) * 12_000
+    x = rng.standard_normal(int(sizes.sum())).astype(np.float32)
+    ks = rng.integers(1, 400, 60)
+    for mr in (3, 1):
+        monkeypatch.setattr(nk, "MAX_RETRIES", mr)
+        got = nk.segment_topk_abs(x, starts, sizes, ks, rng=3)
+        for g, w in zip(split(got, ks), ref_topk(x, starts, sizes, ks)):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_segment_topk_abs_ties_exactly_k():
+    rng = np.random.default_rng(2)
+    x = rng.integers(-3, 4, 40_000).astype(np.float32)  # 7 values: huge ties
+    sizes = np.array([10_000, 0, 1, 29_999], dtype=np.int64)
+    starts = np.array([0, 10_000, 10_000, 10_001], dtype=np.int64)
+    ks = np.array([123, 0, 1, 5000])
+    got = nk.segment_topk_abs(x, starts, sizes, ks)
+    for g, a, s, k in zip(split(got, ks), starts, sizes, ks):
+        assert np.unique(g).size == k and (g.size == 0 or (g.min() >= a and g.max() < a + s))
+        seg = np.abs(x[a:a + s])
+        assert k == 0 or np.abs(x[g]).min() >= np.sort(seg)[::-1][k - 1]
+
+
+def test_segment_topk_abs_errors():
+    x = np.zeros(10, np.float32)
+    with pytest.raises(ValueError, match=r"ks\[0\] must be in \[0, 3\], got 4"):
+        nk.segment_topk_abs(x, [0], [3], [4])
+    with pytest.raises(ValueError, match="ends at 12, past the vector's length 10"):
+        nk.segment_topk_abs(x, [9], [3], [1])
+    with pytest.raises(ValueError, match="same length"):
+        nk.segment_norms(x, [0, 1], [1])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_segment_norms_equal_per_segment_reference(seed):
+    rng = np.random.default_rng(100 + seed)
+    starts, sizes, n = random_layout(rng, tiny=seed % 3 == 0)
+    x = rng.standard_normal(n).astype(np.float32 if seed % 2 else np.float64)
+    sub = rng.permutation(starts.size)[: int(rng.integers(1, starts.size + 1))]
+    got = backend.segment_norms(x, starts[sub], sizes[sub])
+    want = [np.linalg.norm(x[a:a + s].astype(np.float64)) for a, s in zip(starts[sub], sizes[sub])]
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+    assert np.all(got[sizes[sub] == 0] == 0.0)  # empty segments: exactly 0
+
+
+def test_segment_norms_overflow_zero_and_nonfinite():
+    x = np.full(5000, 1e20, dtype=np.float32)  # float32 squares overflow
+    x[3000:4000] = 0.0
+    got = nk.segment_norms(x, [0, 3000, 10, 4999], [3000, 1000, 0, 1])
+    np.testing.assert_allclose(got, [np.sqrt(3000) * 1e20, 0.0, 0.0, 1e20], rtol=1e-6)
+    y = np.ones(3000, np.float32)
+    y[2500] = np.inf
+    assert np.isinf(nk.segment_norms(y, [0, 2000], [2000, 1000])).tolist() == [False, True]
+
+
+def count_numpy_calls(monkeypatch):
+    """Count calls of the NumPy functions the segmented kernels are built from."""
+    calls = {"n": 0}
+    for name in ("flatnonzero", "repeat", "sort", "argpartition", "cumsum", "searchsorted", "concatenate",
+                 "bincount", "lexsort", "argsort", "partition", "vecdot", "einsum", "dot"):
+        if not hasattr(np, name):
+            continue
+        real = getattr(np, name)
+
+        def wrapped(*a, _real=real, **kw):
+            calls["n"] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(nk.np, name, wrapped)
+    return calls
+
+
+def test_numpy_calls_do_not_grow_with_the_number_of_segments(monkeypatch):
+    """20 vs 2000 segments over the same data: the same number of NumPy calls (a per-layer loop fails this)."""
+    rng = np.random.default_rng(5)
+    n = 200_000
+    x = rng.standard_normal(n).astype(np.float32)
+    counts = {}
+    for S in (20, 2000):
+        sizes = np.full(S, n // S, dtype=np.int64)
+        starts = np.arange(S, dtype=np.int64) * (n // S)
+        ks = np.maximum(1, sizes // 100)
+        calls = count_numpy_calls(monkeypatch)
+        nk.segment_topk_abs(x, starts, sizes, ks, rng=0)
+        nk.segment_norms(x, starts, sizes)
+        counts[S] = calls["n"]
+        monkeypatch.undo()
+    assert counts[2000] <= counts[20] + 5, counts

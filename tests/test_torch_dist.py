@@ -1,0 +1,109 @@
+"""The schemes over torch.distributed (gloo, 2 CPU processes) and as a DDP communication hook."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import HERE, mpi_run, mpi_script
+
+torch = pytest.importorskip("torch")
+SCRIPT = mpi_script("check_torch_dist.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gloo_run(world: int, path) -> None:
+    port = _free_port()
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+               OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parent))
+    for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"):
+        env.pop(v, None)
+    procs = [subprocess.Popen([sys.executable, SCRIPT, "gloo", str(path)], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=240))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, f"gloo rank failed ({p.returncode}):\n{o[-2000:]}\n{e[-3000:]}"
+    assert f"gloo OK on {world} ranks" in outs[0][0]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("torch_dist")
+    gloo_run(2, d / "gloo.npz")
+    mpi_run(2, [SCRIPT, "mpi", str(d / "mpi.npz")])
+    return np.load(d / "gloo.npz"), np.load(d / "mpi.npz")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scheme", ["dense", "topk", "randomk", "threshold", "cltk", "deft", "dct", "gtopk", "dgc"])
+def test_gloo_gives_the_mpi_aggregate_and_bytes(runs, scheme):
+    gloo, mpi = runs
+    for t in range(4):
+        np.testing.assert_allclose(gloo[f"{scheme}/{t}"], mpi[f"{scheme}/{t}"], rtol=1e-6, atol=1e-9,
+                                   err_msg=f"{scheme} step {t}")
+        assert int(gloo[f"{scheme}/bytes/{t}"][0]) == int(mpi[f"{scheme}/bytes/{t}"][0]), (scheme, t)
+    assert np.count_nonzero(gloo[f"{scheme}/3"]) > 0
+
+
+@pytest.mark.mpi
+def test_ddp_with_the_hook_keeps_ranks_identical_and_dense_equals_ddps_own_allreduce(runs):
+    gloo, _ = runs
+    builtin = gloo["ddp/builtin"]
+    for scheme in ("dense", "topk", "deft"):
+        params = gloo[f"ddp/{scheme}"]
+        assert np.array_equal(params[0], params[1]), f"{scheme}: ranks differ"
+        assert int(gloo[f"ddp/{scheme}/buckets"][0]) >= 2, "the test model should span several buckets"
+    np.testing.assert_allclose(gloo["ddp/dense"][0], builtin[0], rtol=1e-5, atol=1e-6)
+    assert not np.allclose(gloo["ddp/topk"][0], builtin[0])  # sparsified: a different trajectory
+
+
+def test_the_hook_refuses_a_parameter_server_scheme_and_needs_an_initialised_group():
+    from mpisparse.torch_dist import TorchDistCommunicator, comm_hook
+
+    with pytest.raises(ValueError, match="not a data-parallel"):
+        comm_hook("dgs")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        TorchDistCommunicator()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_horovod_style_functions(ranks):
+    from conftest import rank_script
+
+    rank_script("torch_api", ranks)
+
+
+@pytest.mark.mpi
+def test_an_exception_on_one_rank_ends_a_plain_python_job_within_seconds():
+    """Library mode: plain `mpiexec -n 2 python script.py` (no `-m mpi4py`); init() installs the abort hook."""
+    import time
+
+    from conftest import mpiexec_prefix
+
+    argv, extra = mpiexec_prefix(timeout=60)
+    env = dict(os.environ, **extra, PYTHONPATH=str(HERE.parent), OMP_NUM_THREADS="1")
+    t0 = time.monotonic()
+    p = subprocess.run([*argv, "-n", "2", sys.executable, mpi_script("check_torch_api.py"), "--raise"],
+                       capture_output=True, text=True, timeout=90, env=env)
+    took = time.monotonic() - t0
+    assert p.returncode != 0
+    assert "planted failure on the last rank" in p.stderr
+    assert took < 20, f"the job took {took:.1f} s to end (start-up included)"

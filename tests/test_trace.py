@@ -1,0 +1,69 @@
+"""The Chrome trace of a run: one process per rank, steps with their phases nested inside."""
+
+import json
+import time
+
+import pytest
+
+from mpisparse.results.trace import trace_events, write_trace
+from mpisparse.timing import PhaseTimer
+
+
+class OneRank:
+    rank, size = 0, 1
+
+    def allgather_obj(self, obj):
+        return [obj]
+
+
+def check_trace(obj, ranks, steps, phases):
+    """Spans nest in their step and the steps cover their phases: what a trace viewer needs."""
+    events = obj["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {r: f"rank {r}" for r in range(ranks)}
+    for r in range(ranks):
+        mine = [e for e in events if e["ph"] == "X" and e["pid"] == r]
+        step_events = [e for e in mine if e["cat"] == "step"]
+        assert [e["name"] for e in step_events] == [f"step {i}" for i in range(steps)]
+        for st in step_events:
+            inside = [e for e in mine if e["cat"] == "phase" and e["args"]["step"] == st["args"]["step"]]
+            assert {e["name"] for e in inside} == set(phases)
+            for e in inside:
+                assert st["ts"] <= e["ts"] and e["ts"] + e["dur"] <= st["ts"] + st["dur"] + 1e-3, (st, e)
+            assert sum(e["dur"] for e in inside) <= st["dur"] + 1e-3
+    assert min(e["ts"] for e in events if e["ph"] == "X") == 0
+
+
+def test_a_traced_timer_writes_nested_phases(tmp_path):
+    timer = PhaseTimer(trace=True)
+    timer.recording = False
+    with timer.step():  # a warm-up step: not recorded, not traced
+        pass
+    timer.recording = True
+    for _ in range(3):
+        with timer.step():
+            with timer.phase("select"):
+                time.sleep(0.002)
+            with timer.phase("exchange_values"):
+                time.sleep(0.001)
+    path = tmp_path / "trace.json"
+    write_trace(path, OneRank(), timer)
+    obj = json.loads(path.read_text())
+    check_trace(obj, 1, 3, ["select", "exchange_values"])
+    sel = [e for e in obj["traceEvents"] if e.get("name") == "select"]
+    assert all(e["dur"] >= 2000 for e in sel)  # microseconds
+
+
+def test_events_align_ranks_on_the_earliest_start():
+    ev = trace_events([[("step", 10.0, 10.5, 0), ("select", 10.1, 10.2, 0)],
+                       [("step", 10.25, 10.75, 0), ("select", 10.3, 10.4, 0)]])
+    steps = {e["pid"]: e for e in ev if e.get("cat") == "step"}
+    assert steps[0]["ts"] == 0 and steps[1]["ts"] == pytest.approx(250000) and steps[1]["dur"] == pytest.approx(5e5)
+
+
+def test_an_untraced_timer_keeps_no_spans():
+    timer = PhaseTimer()
+    with timer.step():
+        with timer.phase("select"):
+            pass
+    assert timer.spans is None and len(timer.records) == 1
