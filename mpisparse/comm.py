@@ -15,6 +15,9 @@ Every scheme exchanges data through a :class:`Communicator`, which
   staged through pinned host buffers that are reused across calls; receive
   buffers of a device input are device arrays; a non-blocking operation is
   never issued on a device buffer under Open MPI (it is staged instead);
+  every staging copy is counted (:attr:`Communicator.staging`: device-to-host
+  and host-to-device copies and bytes), so a run reports what went through
+  host memory;
 * finds the ranks of one host (:meth:`Communicator.split_shared`,
   :meth:`Communicator.local_rank`), which pick their GPU (:mod:`mpisparse.device`);
 * in debug mode (``check=True``, the CLI's ``--check-collectives``) first
@@ -161,6 +164,8 @@ class Communicator:
         # host staging buffers (pinned), one per role, grown as needed and reused across calls
         self._host_buffers: dict[tuple, np.ndarray] = {}
         self.staging_allocations = 0
+        #: staging copies so far: ``d2h``/``h2d`` copies and ``d2h_bytes``/``h2d_bytes`` (0 when CUDA-aware)
+        self.staging = {"d2h": 0, "h2d": 0, "d2h_bytes": 0, "h2d_bytes": 0}
         # Open MPI's non-blocking operations must never see a device buffer
         self.open_mpi = "Open MPI" in MPI.Get_library_version()
         self._local: tuple[int, int] | None = None
@@ -227,9 +232,20 @@ class Communicator:
         host = self._staging(x, (read, write))
         if read:
             x.get(out=host)
+            self._count_staging("d2h", host.nbytes)
         yield host
         if write:
             x.set(host)  # its next use starts with a stream synchronisation, so reuse is safe
+            self._count_staging("h2d", host.nbytes)
+
+    def _count_staging(self, way: str, nbytes: int) -> None:
+        self.staging[way] += 1
+        self.staging[way + "_bytes"] += int(nbytes)
+
+    @property
+    def staging_copies(self) -> int:
+        """Staging copies so far, both directions (0 for host arrays and with a CUDA-aware MPI)."""
+        return self.staging["d2h"] + self.staging["h2d"]
 
     def _staging(self, x: Any, role: tuple) -> np.ndarray:
         """A host buffer shaped like ``x`` for ``role`` (read, write), reused across calls.
@@ -361,6 +377,8 @@ class Communicator:
             backend.synchronize(x)
             # never a non-blocking operation on a device buffer under Open MPI: stage it
             buf = x if self.cuda_aware and not self.open_mpi else x.get()
+            if buf is not x:
+                self._count_staging("d2h", buf.nbytes)
         with self._timed("isend", int(x.size) * np.dtype(x.dtype).itemsize):
             req = self.comm.Isend(buf, dest=dest, tag=tag)
         return _Pending(req, buf)

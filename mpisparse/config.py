@@ -28,6 +28,8 @@ __all__ = ["BenchConfig", "ConfigMismatch", "DATASETS", "MPConfig", "PER_RANK_FI
 #: (:data:`mpisparse.data.DATASETS`), named here so that checking a configuration needs no torch
 TRAIN_MODELS = ("mlp", "cnn", "resnet18", "lstm", "dlrm")
 DATASETS = ("digits", "synthetic", "cifar10", "text")
+#: where a data-parallel step runs (``--device``): host memory, or each rank's GPU
+DEVICES = ("cpu", "cuda")
 
 
 # --------------------------------------------------------------------------- field checks
@@ -123,6 +125,8 @@ class TrainConfig:
     servers: int = 1
     #: a pipeline (model-parallel) run; None for data-parallel and parameter-server runs
     mp: MPConfig | None = None
+    #: ``cpu`` or ``cuda`` (each rank's GPU: the whole step stays on the device)
+    device: str = "cpu"
 
     def validate(self, world: int | None = None) -> TrainConfig:
         """Check every field, then the runtime's own checks; ``world`` is the world size if known.
@@ -132,6 +136,7 @@ class TrainConfig:
         """
         _choice("--model", self.model, TRAIN_MODELS)
         _choice("--data", self.data, DATASETS)
+        _choice("--device", self.device, DEVICES)
         if (self.model == "lstm") != (self.data == "text"):
             raise ValueError(f"--model {self.model} does not fit --data {self.data}: the lstm model trains on "
                              "--data text, the classifiers on digits/synthetic/cifar10")
@@ -178,6 +183,8 @@ class BenchConfig:
     diagnostics: bool = False
     #: parameter-server schemes: the last ``servers`` ranks serve
     servers: int = 1
+    #: ``cpu`` or ``cuda`` (gradients drawn into each rank's GPU memory, the whole step on the device)
+    device: str = "cpu"
 
     def validate(self, world: int | None = None) -> BenchConfig:
         """Check every field, then the runtime's own checks (a pipeline scheme has no ``bench``).
@@ -188,6 +195,7 @@ class BenchConfig:
         from .models.shapes import model_names
 
         _choice("--model", self.model, model_names())
+        _choice("--device", self.device, DEVICES)
         cls = _scheme(self.scheme)
         validate_density(self.density)
         _int("--iters", self.iters, 1)

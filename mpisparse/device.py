@@ -43,7 +43,8 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["gpu_count", "gpu_names", "pick_device", "DeviceAssignment", "assign_device", "current_assignment",
-           "probe_cuda_aware", "CupyOps"]
+           "probe_cuda_aware", "CupyOps", "cuda_unusable_reason", "check_device_usable", "array_module_for",
+           "torch_device"]
 
 _assignment: "DeviceAssignment | None" = None
 
@@ -202,3 +203,71 @@ def probe_cuda_aware(comm, *, ops=None, n: int = 4099) -> bool:
         ok = False
     verdict = comm.allreduce(np.array([int(ok)], np.int32), op="min")  # 4.
     return bool(verdict[0])
+
+
+# --------------------------------------------------------------------------- where a step runs
+def cuda_unusable_reason(*, need_torch: bool) -> str | None:
+    """Why ``--device cuda`` cannot run in this process (None when it can).
+
+    It needs CuPy seeing a CUDA device, and for ``train`` also a CUDA build
+    of torch that sees one.  Asked before MPI starts, so the refusal is one
+    usage line.
+    """
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return "CuPy is not installed (pip install cupy-cuda12x)"
+    if gpu_count() < 1:
+        return "CuPy sees no CUDA device"
+    if need_torch:
+        import torch
+
+        if not torch.cuda.is_available():
+            return f"torch {torch.__version__} has no usable CUDA device (a CPU-only build, or no driver)"
+    return None
+
+
+def check_device_usable(device: str, *, need_torch: bool) -> None:
+    """ValueError (one line) when ``--device`` names a device this process cannot use."""
+    if device == "cpu":
+        return
+    why = cuda_unusable_reason(need_torch=need_torch)
+    if why is not None:
+        raise ValueError(f"--device {device} is not usable here: {why}; use --device cpu")
+
+
+def array_module_for(device: str, comm=None):
+    """The array module of a run on ``device``: NumPy for ``cpu``, CuPy for ``cuda``.
+
+    ``cuda``: this rank's GPU is made current (:func:`assign_device`,
+    collective over ``comm``, when it was not assigned yet).
+    """
+    if device == "cpu":
+        return np
+    import cupy
+
+    a = current_assignment()
+    if a is None and comm is not None:
+        a = assign_device(comm)
+    if a is not None and a.device is not None:
+        _use(a.device)
+    return cupy
+
+
+def torch_device(device: str, comm=None):
+    """The torch device of this rank for a run on ``device``.
+
+    ``cuda``: this rank's GPU as :func:`assign_device` picked it (by local
+    rank; assigned here, collectively over ``comm``, when it was not yet).
+    """
+    import torch
+
+    if device == "cpu":
+        return torch.device("cpu")
+    a = current_assignment()
+    if a is None and comm is not None:
+        a = assign_device(comm)
+    if a is None or a.device is None:
+        raise RuntimeError("--device cuda: this rank has no CUDA device")
+    _use(a.device)
+    return torch.device("cuda", a.device)

@@ -9,7 +9,13 @@ A memory has two steps around a scheme's selection:
     after the exchange, what was sent leaves the memory
     (Alg. 1 lines 11-12: ``acc[idx] = 0; e = acc``).
 
-Mass is conserved: sent values plus the new residual equal ``acc``.  The
+Mass is conserved: sent values plus the new residual equal ``acc``.
+
+Buffers live on the array module of the gradients (the device for device
+gradients).  ``state_dict`` copies them to the host explicitly (NumPy
+arrays in a checkpoint); ``load_state_dict`` restores host arrays, and the
+scheme then moves every buffer named in :attr:`Memory.buffers` to its
+gradients' array module with :meth:`Memory.to` (one explicit copy each).  The
 residual memory works in place (``acc`` *is* the residual buffer), so a
 step allocates nothing.  Scheme-specific variants (ScaleCom's low-pass
 filter, DGC's momentum correction) subclass :class:`Memory`.
@@ -45,6 +51,14 @@ def restored(value) -> np.ndarray | None:
 class Memory:
     """Interface of an error-feedback memory."""
 
+    #: attribute names of the memory's array buffers (moved together by :meth:`to`)
+    buffers: tuple[str, ...] = ()
+
+    def to(self, xp) -> None:
+        """Move every buffer to array module ``xp`` (explicit copies; a no-op where they already are)."""
+        for name in self.buffers:
+            setattr(self, name, backend.to_module(getattr(self, name), xp))
+
     def compensate(self, grad):
         raise NotImplementedError
 
@@ -73,6 +87,8 @@ class NoMemory(Memory):
 
 class ResidualMemory(Memory):
     """Classic error feedback: ``e <- (e + g)`` with the sent entries zeroed."""
+
+    buffers = ("residual",)
 
     def __init__(self) -> None:
         self.residual = None

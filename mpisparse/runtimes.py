@@ -44,6 +44,8 @@ class Runtime:
     check: str | None = None
     #: the scheme a sparse scheme of this runtime is compared with (``bench scaling``'s speedup column)
     baseline: str | None = None
+    #: why this runtime refuses ``--device cuda`` (empty: it runs on the device)
+    device_refusal: str = ""
 
     def driver(self, spec: str) -> Callable[..., Any]:
         module, func = spec.split(":")
@@ -59,19 +61,32 @@ class Runtime:
             raise ValueError(f"scheme {scheme!r} " + self.bench_refusal.format(scheme=scheme))
 
     def check_config(self, cfg, world: int | None = None) -> None:
+        self.check_device(cfg)
         if self.check is not None:
             self.driver(self.check)(cfg, world)
+
+
+    def check_device(self, cfg) -> None:
+        """ValueError (one line) when ``cfg.device`` asks for a GPU this runtime does not run on."""
+        device = getattr(cfg, "device", "cpu")
+        if device != "cpu" and self.device_refusal:
+            raise ValueError(f"--device {device}: {self.device_refusal.format(scheme=cfg.scheme)}; "
+                             "use --device cpu")
 
 
 RUNTIMES: dict[str, Runtime] = {
     "collective": Runtime("collective", "mpisparse.train.loop:run_training", "mpisparse.bench.step:run_step_bench",
                           baseline="dense"),
     "ps": Runtime("ps", "mpisparse.ps.train:run_ps_training", "mpisparse.ps.bench:run_ps_step_bench",
-                  check="mpisparse.ps.options:check_config", baseline="plumpdp"),
+                  check="mpisparse.ps.options:check_config", baseline="plumpdp",
+                  device_refusal="the parameter-server runtime (scheme {scheme}) keeps the servers' shards and "
+                                 "the workers' state in host memory"),
     "mp": Runtime("mp", "mpisparse.mp.runtime:run_mp_training", None,
                   "sparsifies activations between pipeline stages, not gradients: run it with "
                   "`mpisparse train --scheme {scheme} --mp-stages S`",
-                  check="mpisparse.mp.config:check_config"),
+                  check="mpisparse.mp.config:check_config",
+                  device_refusal="the pipeline runtime (--mp-stages) runs its stages and the activation "
+                                 "exchange on the CPU"),
 }
 
 

@@ -21,6 +21,17 @@ Alg. 1 of DEFT and of ScaleCom); a scheme that brings its own momentum
 (``provides_momentum``, e.g. DGC's correction) requires an optimizer without
 momentum.
 
+Device residency: the fusion buffer is a torch tensor on the model's device
+(the gradients are copied into it with torch ops, never through the host),
+viewed zero-copy as an array of that device's array module through DLPack
+(:func:`mpisparse.backend.as_array`: NumPy for a CPU model, CuPy for a CUDA
+one); the scheme works on that array and keeps its state there, and its
+output is viewed back as a torch tensor (:func:`mpisparse.backend.to_torch`)
+and copied into ``.grad`` on the device.  The only host read of a step made
+here is the non-finite flag (one byte: whether this rank's gradient is
+finite), which the ranks then agree on with a 4-byte host Allreduce.  The
+CPU path is the same code with NumPy as the array module.
+
 Phases: the copy into the fusion buffer and the local finite check are
 timed as ``compensate`` (they prepare the vector the scheme compensates);
 the 4-byte Allreduce that agrees on skipping is ``wait`` (mostly waiting
@@ -35,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import backend
 from .comm import Communicator
 from .fusion import FusionLayout
 from .schemes import create
@@ -43,11 +55,6 @@ from .timing import PhaseTimer
 
 def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def _host_view(t: torch.Tensor) -> np.ndarray:
-    """Zero-copy NumPy view of a contiguous CPU tensor (DLPack)."""
-    return np.from_dlpack(t.detach())
 
 
 class DistributedOptimizer:
@@ -83,8 +90,12 @@ class DistributedOptimizer:
                     raise ValueError(
                         f"scheme {scheme!r} applies momentum itself (momentum correction); "
                         f"the wrapped optimizer has momentum {g['momentum']}, it must be 0")
-        self.buffer = self.layout.zeros()
-        self._grad_views = self.layout.unflatten(self.buffer)
+        self.device = self.params[0].device
+        # the fusion buffer: one tensor on the model's device, seen by the scheme zero-copy (DLPack)
+        self._flat = torch.zeros(self.layout.n, dtype=torch.float32, device=self.device)
+        self._grad_views = [self._flat[s.offset:s.end].view(s.shape) for s in self.layout.layers]
+        self.buffer = backend.as_array(self._flat)
+        self.scheme.use_array_module(backend.array_module(self.buffer))
         self._flag = np.zeros(1, dtype=np.int32)
         self.skipped_steps = 0
         self.steps = 0
@@ -94,34 +105,43 @@ class DistributedOptimizer:
     # ------------------------------------------------------------ set-up
     @torch.no_grad()
     def broadcast_parameters(self, root: int = 0) -> None:
-        """Make every rank's parameters and float buffers equal to ``root``'s."""
-        vec = self.layout.flatten([p.detach().cpu().numpy() for p in self.params])
-        self.comm.bcast(vec, root)
-        for p, v in zip(self.params, self.layout.unflatten(vec)):
-            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+        """Make every rank's parameters and float buffers equal to ``root``'s (on their device)."""
+        flat = torch.cat([p.detach().reshape(-1).to(torch.float32) for p in self.params])
+        self.comm.bcast(backend.as_array(flat), root)
+        for p, s in zip(self.params, self.layout.layers):
+            p.copy_(flat[s.offset:s.end].view(p.shape))
         for b in self.model.buffers():
             if b.is_floating_point() and b.numel():
-                arr = b.detach().cpu().numpy().astype(np.float32).ravel()
-                self.comm.bcast(arr, root)
-                b.copy_(torch.from_numpy(arr).view_as(b))
+                arr = b.detach().to(torch.float32).reshape(-1).clone()
+                self.comm.bcast(backend.as_array(arr), root)
+                b.copy_(arr.view_as(b))
 
     # -------------------------------------------------------------- step
     def zero_grad(self, set_to_none: bool = False) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def _gather_grads(self) -> None:
-        """Copy ``.grad`` into the fusion buffer and flag a non-finite value."""
+        """Copy ``.grad`` into the fusion buffer (torch ops on the device) and flag a non-finite value."""
         for p, view in zip(self.params, self._grad_views):
             if p.grad is None:
-                view[...] = 0
+                view.zero_()
             else:
-                view[...] = p.grad.detach().cpu().numpy()
-        self._flag[0] = 0 if np.isfinite(self.buffer).all() else 1
+                view.copy_(p.grad.detach().reshape(view.shape))
+        finite = backend.all_finite(self.buffer)  # on the buffer's device
+        self._flag[0] = 0 if bool(finite) else 1  # the step's one explicit host read (1 byte)
 
     def _all_finite(self) -> bool:
         """Agree over ranks (4-byte Allreduce, max) whether every rank's gradient is finite."""
         self.comm.allreduce(self._flag, self._flag, op="max")
         return self._flag[0] == 0
+
+    def _write_back(self, out) -> None:
+        """The scheme's output into ``.grad``: a zero-copy torch view of it, copied on the device."""
+        flat = backend.to_torch(out)
+        for p, s in zip(self.params, self.layout.layers):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad.copy_(flat[s.offset:s.end].view(p.grad.shape))
 
     @torch.no_grad()
     def step(self, closure=None) -> bool:
@@ -139,13 +159,7 @@ class DistributedOptimizer:
             return False
         out = self.scheme.step(self.buffer)
         with self.timer.phase("update"):
-            for p, view in zip(self.params, self.layout.unflatten(out)):
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                if p.grad.device.type == "cpu" and p.grad.is_contiguous():
-                    _host_view(p.grad)[...] = view
-                else:
-                    p.grad.copy_(torch.from_numpy(view))
+            self._write_back(out)
             self.optimizer.step()
         self.steps += 1
         return True

@@ -50,14 +50,84 @@ def as_array(x: Any):
     if isinstance(x, np.ndarray):
         return x
     if is_torch_tensor(x):
-        if x.device.type == "cpu":
-            return np.from_dlpack(x.detach())
-        import cupy
-
-        return cupy.from_dlpack(x.detach())
+        return torch_array_module(x).from_dlpack(x.detach())
     if is_device_array(x):
         return x
     return np.asarray(x)
+
+
+def torch_array_module(t: Any) -> ModuleType:
+    """The array module that views torch tensor ``t``: NumPy for a CPU tensor, CuPy for a CUDA one.
+
+    The one place a tensor's placement picks an array module (tests swap it
+    to run the device path on CPU tensors).
+    """
+    if t.device.type == "cpu":
+        return np
+    import cupy
+
+    return cupy
+
+
+def to_torch(x: Any):
+    """A torch tensor sharing ``x``'s memory (DLPack for device arrays, ``from_numpy`` on the host)."""
+    import torch
+
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x)
+    return torch.from_dlpack(x)
+
+
+def to_module(x: Any, xp: ModuleType):
+    """``x`` on array module ``xp``: itself when it is there, else one explicit copy (H2D or D2H)."""
+    if x is None or array_module(x) is xp:
+        return x
+    if xp is np:
+        return to_host(x)
+    return xp.asarray(x)
+
+
+def unique_count(x: Any) -> int:
+    """Distinct values of ``x`` (on its own array module; the count is a shape, no copy to the host)."""
+    return int(array_module(x).unique(x).shape[0])
+
+
+def norm(x: Any) -> float:
+    """The L2 norm of ``x`` as a Python float (a device array: one explicit 8-byte read)."""
+    return float(array_module(x).linalg.norm(x))
+
+
+def all_finite(x: Any):
+    """Whether every entry of ``x`` is finite, as a 0-d array on ``x``'s array module (no host read)."""
+    return array_module(x).isfinite(x).all()
+
+
+def scatter_sum(out, indices, values, counts, scale: float) -> None:
+    """``out = scale * sum_r sparse(indices_r, values_r)`` on ``out``'s array module.
+
+    ``counts`` (host integers) splits ``indices``/``values`` into per-rank
+    blocks whose indices are distinct, so each block is a plain fancy-index
+    add; blocks of different ranks may overlap.  Device arrays use the CuPy
+    kernel of the same contract (the same float sums, block by block).
+    """
+    if is_device_array(out):
+        kernels(out).scatter_sum(out, indices, values, counts, scale)
+        return
+    out.fill(0)
+    start = 0
+    for c in counts:
+        c = int(c)
+        if c:
+            block = slice(start, start + c)
+            out[indices[block]] += values[block]
+        start += c
+    if scale != 1.0:
+        # sum first, then scale (as a reference computes it); duplicates in
+        # ``indices`` read and write the same value, so the in-place form is safe
+        if 2 * len(indices) < out.size:
+            out[indices] *= np.float32(scale)
+        else:
+            out *= np.float32(scale)
 
 
 def to_host(x: Any) -> np.ndarray:

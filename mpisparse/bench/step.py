@@ -5,10 +5,19 @@ Each rank draws synthetic gradients shaped like the real layers of a model
 the per-phase times, bytes and density of the timed steps are reduced over
 ranks into a :class:`~mpisparse.results.RunResult`
 (:func:`mpisparse.results.build.collective_result`, shared with ``train``).
+
+With ``--device cuda`` each step's gradient is drawn on the host and copied
+into a device buffer before the step starts (not timed); the whole step --
+compensation, selection, exchange, update -- then runs on the device, and
+the communicator's staging copies per step are reported
+(``staging_copies_per_step``).
 """
 
 from __future__ import annotations
 
+import numpy as np
+
+from .. import device
 from ..config import BenchConfig
 from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
@@ -27,19 +36,27 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     timer = PhaseTimer()
     sch = create(scheme, comm, layout, density, memory=memory, timer=timer, seed=seed, **scheme_options)
     gen = SyntheticGradients(layout, comm.rank, seed=seed)
-    grad = layout.empty()
+    xp = device.array_module_for(cfg.device, comm)
+    drawn = layout.empty()
+    grad = drawn if xp is np else layout.empty(xp=xp)  # the step's input, on the run's device
+    sch.use_array_module(xp)
+    on_device = grad is not drawn
+    staging: list[dict[str, int]] = []
     step_bytes: list[int] = []
     selected: list[int] = []
     diags: list[dict[str, float]] = []
     for it in range(warmup + iters):
         timer.recording = it >= warmup
-        gen.fill(grad, it)
+        gen.fill(drawn, it)
+        if on_device:
+            grad.set(drawn)  # host -> device, before the step (untimed)
         comm.barrier()  # align the ranks' starts: each rank's step time is then comparable
-        before = comm.bytes_sent
+        before, staged = comm.bytes_sent, dict(comm.staging)
         with timer.step():
             sch.step(grad)
         if timer.recording:
             step_bytes.append(comm.bytes_sent - before)
+            staging.append({k: comm.staging[k] - staged[k] for k in staged})
             selected.append(sch.selected_global())
             if diagnostics:
                 diags.append(sch.diagnostics())
@@ -49,5 +66,6 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     return collective_result(
         comm, scheme=scheme, density_target=density, timer=timer, step_bytes=step_bytes, selected=selected,
         n=layout.n, memory=True, k=sch.k, layers=len(layout), diagnostics=diags if diagnostics else None,
+        staging=staging if on_device else None,
         config={"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
-                "seed": seed, "memory": memory, "diagnostics": diagnostics, **sch.opts})
+                "seed": seed, "memory": memory, "diagnostics": diagnostics, "device": cfg.device, **sch.opts})

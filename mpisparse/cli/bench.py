@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import click
 
-from ..config import BenchConfig
+from ..config import DEVICES, BenchConfig
+from ..device import check_device_usable
 from ..models.shapes import model_names
 from ..registry import SCHEMES, validate_density
 from ..runtimes import check_servers
@@ -42,6 +43,8 @@ def bench() -> None:
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Untimed steps first.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic gradients.")
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+              help="cuda: the whole data-parallel step on each rank's GPU (by local rank); needs CuPy.")
 @step_options
 @diagnostics_option
 @output_options("Write the result object (a list with several --scheme) to this file.",
@@ -49,7 +52,7 @@ def bench() -> None:
                 "PNG: per-phase time per step (stacked) and bytes per rank, one bar per scheme.")
 @scheme_options
 @cuda_aware_option
-def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no_memory,
+def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
                check_collectives, diagnostics, json_path, csv_path, plot_path, servers, cuda_aware=None,
                **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
@@ -58,8 +61,9 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no
     servers = usage(check_servers, schemes, servers)
     cfgs = [validated(BenchConfig(model=model, scheme=s, density=density, iters=iters, warmup=warmup, seed=seed,
                                   memory=not no_memory, scheme_options=dict(per_scheme[s]),
-                                  diagnostics=diagnostics, servers=servers), nprocs)
+                                  diagnostics=diagnostics, servers=servers, device=device), nprocs)
             for s in schemes]
+    usage(check_device_usable, device, need_torch=False)
     check_plot(plot_path)
     maybe_relaunch(nprocs, timeout)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from ..config import DATASETS, TRAIN_MODELS, MPConfig, TrainConfig
+from ..config import DATASETS, DEVICES, TRAIN_MODELS, MPConfig, TrainConfig
+from ..device import check_device_usable
 from ..launch import under_mpi_launcher
 from ..registry import SCHEMES
 from ..runtimes import check_servers, schemes_of
@@ -51,6 +52,8 @@ def _split_after(text: str | None) -> list[str]:
 @click.option("--clip", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Clip the local gradient norm before exchange (0: off).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+              help="cuda: the whole data-parallel step on each rank's GPU (by local rank); needs CuPy and a CUDA torch.")
 @step_options
 @diagnostics_option
 @output_options("Result object (a list with several --scheme).",
@@ -74,7 +77,7 @@ def _split_after(text: str | None) -> list[str]:
 @(lambda f: scheme_options(f, exclude=("momentum",)))
 @cuda_aware_option
 def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,
-          weight_decay, bptt, clip, seed, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
+          weight_decay, bptt, clip, seed, device, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
           checkpoint_dir, resume, overwrite_checkpoint, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
           cuda_aware=None, **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
@@ -101,9 +104,10 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           checkpoint=None if checkpoint_dir is None else
                           (checkpoint_dir if len(schemes) == 1 else str(Path(checkpoint_dir) / s)),
                           resume=resume, scheme_options=dict(per_scheme[s]),
-                          diagnostics=diagnostics, servers=servers, mp=mp_cfg)
+                          diagnostics=diagnostics, servers=servers, mp=mp_cfg, device=device)
         cfgs.append(validated(cfg, nprocs))
     _check_data_dir(data, data_dir)
+    usage(check_device_usable, device, need_torch=True)
     if not (resume or overwrite_checkpoint):
         _refuse_existing_checkpoints(cfgs)
     maybe_relaunch(nprocs, timeout)

@@ -48,7 +48,7 @@ def diagnostics_block(densities: Sequence[float], per_step: list[dict[str, float
 def collective_result(comm, *, scheme: str, density_target: float, timer, step_bytes: Sequence[int],
                       selected: Sequence[float], n: int, config: dict[str, Any],
                       diagnostics: list[dict[str, float]] | None = None, memory: bool = False,
-                      **known: Any) -> RunResult:
+                      staging: Sequence[dict[str, int]] | None = None, **known: Any) -> RunResult:
     """The result of a data-parallel run (a collective over ``comm``).
 
     ``step_bytes``: this rank's bytes sent per timed step; ``selected``:
@@ -56,13 +56,22 @@ def collective_result(comm, *, scheme: str, density_target: float, timer, step_b
     rank); ``memory``: add ``peak_rss_bytes_per_rank`` and
     ``gradient_buffer_bytes``; ``known``: other fields (``k``, ``layers``,
     ``skipped_steps``, ``metrics``).  The ``provenance`` block is gathered in
-    the same ``allgather`` as the per-rank counts.
+    the same ``allgather`` as the per-rank counts.  ``staging``: this rank's
+    communicator staging counts per step (dicts as
+    :attr:`mpisparse.comm.Communicator.staging`, device runs only), reduced
+    to ``staging_copies_per_step`` (mean per step, max over ranks).
     """
     timing = timing_fields(reduce_over_ranks(comm, timer.means()))
     per_rank = comm.allgather_obj({"bytes": float(np.mean(step_bytes)) if len(step_bytes) else 0.0,
                                    "selected": float(np.mean(selected)) if len(selected) else 0.0,
                                    "peak_rss": peak_rss_bytes() if memory else None,
-                                   "provenance": rank_facts(comm)})
+                                   "provenance": rank_facts(comm),
+                                   "staging": None if staging is None else
+                                   {k: float(np.mean([s[k] for s in staging])) if len(staging) else 0.0
+                                    for k in ("d2h", "h2d", "d2h_bytes", "h2d_bytes")}})
+    if staging is not None:
+        known["staging_copies_per_step"] = {k: max(p["staging"][k] for p in per_rank)
+                                            for k in ("d2h", "h2d", "d2h_bytes", "h2d_bytes")}
     if memory:
         known.update(gradient_buffer_bytes=n * 4, peak_rss_bytes_per_rank=max(p["peak_rss"] for p in per_rank))
     if diagnostics is not None:

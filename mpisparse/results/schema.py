@@ -23,7 +23,7 @@ PS_KEYS = ("servers", "workers", "ps_mode", "shards", "communications", "bytes_u
 EXCHANGE_KEYS = ("exchange_seconds", "exchange_seconds_mean_over_ranks", "exchange_phases", "bytes_per_selected")
 
 _OPTIONAL = ("skipped_steps", "metrics", "diagnostics", "k", "layers", "gradient_buffer_bytes",
-             "peak_rss_bytes_per_rank", "provenance")
+             "peak_rss_bytes_per_rank", "provenance", "staging_copies_per_step")
 
 
 @dataclass
@@ -99,6 +99,13 @@ class RunResult:
         bytes of one float32 gradient buffer, ``4 n`` (``bench step``).
     ``peak_rss_bytes_per_rank``
         peak resident memory of a rank, max over ranks (``bench step``).
+    ``staging_copies_per_step``
+        ``--device cuda`` (collective runtime): what went through host
+        memory because the MPI is not CUDA-aware, per step of a rank, max
+        over ranks: ``{"d2h", "h2d", "d2h_bytes", "h2d_bytes"}`` (copies of
+        exchange buffers into and out of the communicator's pinned staging
+        buffers).  All 0 with a CUDA-aware MPI.  Scalar reads a scheme makes
+        on purpose (a threshold, a count) are not staging and not counted.
 
     Provenance (schema version 2 on)
     --------------------------------
@@ -167,6 +174,7 @@ class RunResult:
     layers: int | None = None
     gradient_buffer_bytes: int | None = None
     peak_rss_bytes_per_rank: int | None = None
+    staging_copies_per_step: dict[str, float] | None = None
     # -- provenance (schema version 2)
     provenance: dict[str, Any] | None = None
     # -- runtime-specific blocks

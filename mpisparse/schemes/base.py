@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .. import backend
 from ..fusion import FusionLayout
 from ..memory import Memory, make_memory
 from ..registry import SCHEMES, SchemeBase, SchemeOption, k_for, register, scheme_class, validate_density
@@ -50,21 +51,45 @@ class CollectiveScheme(SchemeBase):
         self.memory: Memory = make_memory(memory and self.uses_memory)
         self.iteration = 0
         self._out = None
+        #: the array module of the gradients (NumPy, or CuPy for device gradients): outputs and state live there
+        self.xp = np
 
     # -------------------------------------------------------------- step
     def phase(self, name: str):
         return self.timer.phase(name)
 
     def output(self):
-        """The scheme's reusable dense output vector."""
+        """The scheme's reusable dense output vector, on the gradients' array module."""
         if self._out is None:
-            self._out = self.layout.zeros()
+            self._out = self.layout.zeros(xp=self.xp)
         return self._out
 
+    def use_array_module(self, xp) -> None:
+        """Keep outputs and state on array module ``xp`` from now on (memories moved: explicit copies)."""
+        if xp is not self.xp:
+            self.xp = xp
+            self._out = None
+            self._place_state()
+        self.memory.to(xp)
+
+    def _place_state(self) -> None:
+        """Drop scratch buffers made on the previous array module (they are made again on first use)."""
+        for name in ("_scratch", "_idx_buf"):
+            if getattr(self, name, None) is not None:
+                setattr(self, name, None)
+
     def step(self, grad) -> np.ndarray:
-        """Aggregate one step: returns the mean over ranks of what was sent."""
+        """Aggregate one step: returns the mean over ranks of what was sent.
+
+        Works on ``grad``'s array module (host or device) and allocates
+        there; nothing goes through host memory but what the communicator
+        stages and the few explicit scalar reads a scheme documents.
+        """
         if grad.shape != (self.n,):
             raise ValueError(f"gradient vector has shape {grad.shape}; expected ({self.n},)")
+        xp = backend.array_module(grad)
+        if xp is not self.xp:
+            self.use_array_module(xp)
         out = self._step(grad)
         self.iteration += 1
         return out
@@ -85,7 +110,7 @@ class CollectiveScheme(SchemeBase):
         schemes add their own keys.
         """
         resid = getattr(self.memory, "residual", None)
-        local = 0.0 if resid is None else float(np.linalg.norm(resid))
+        local = 0.0 if resid is None else backend.norm(resid)
         total = self.comm.allreduce(np.array([local]))
         return {"error_norm": float(total[0]) / self.comm.size}
 
@@ -100,7 +125,8 @@ class CollectiveScheme(SchemeBase):
         if state.get("scheme") != self.name:
             raise ValueError(f"state is for scheme {state.get('scheme')!r}, not {self.name!r}")
         self.iteration = int(state["iteration"])
-        self.memory.load_state_dict(state.get("memory", {}))
+        self.memory.load_state_dict(state.get("memory", {}))  # host arrays ...
+        self.memory.to(self.xp)  # ... back on the gradients' array module (the device)
         self._load_extra_state(state.get("extra", {}))
 
     def _extra_state(self) -> dict[str, Any]:
@@ -143,27 +169,8 @@ class SparseGatherScheme(CollectiveScheme):
         return out
 
     def selected_global(self) -> int:
-        return int(np.unique(self._last_indices).size)
+        return backend.unique_count(self._last_indices)
 
 
-def scatter_sum(out, indices, values, counts, scale: float) -> None:
-    """``out = scale * sum_r sparse(indices_r, values_r)``.
-
-    Indices within one rank's block are distinct, so each block is a plain
-    fancy-index add; blocks of different ranks may overlap.
-    """
-    out.fill(0)
-    start = 0
-    for c in counts:
-        c = int(c)
-        if c:
-            block = slice(start, start + c)
-            out[indices[block]] += values[block]
-        start += c
-    if scale != 1.0:
-        # sum first, then scale (as a reference computes it); duplicates in
-        # ``indices`` read and write the same value, so the in-place form is safe
-        if 2 * len(indices) < out.size:
-            out[indices] *= np.float32(scale)
-        else:
-            out *= np.float32(scale)
+#: the scatter-add of the sparse exchanges, dispatched on the output's array module
+scatter_sum = backend.scatter_sum

@@ -224,6 +224,8 @@ class LowPassMemory(Memory):
     it holds the residual ``acc - g``.
     """
 
+    buffers = ("residual", "_acc")
+
     def __init__(self, beta: float = 1.0) -> None:
         self.beta = check_beta(beta)
         self.residual = None

@@ -106,10 +106,11 @@ def topk_threshold(x, k: int, *, scratch=None) -> float:
         raise ValueError(f"k is {k}; it must be in [0, {n}]")
     if k == 0:
         return math.inf
+    xp = backend.array_module(x)
     if k == n:
-        return float(np.abs(x).min())
+        return float(xp.abs(x).min())  # an explicit scalar read (a device x: 4-8 bytes)
     idx = backend.topk_abs(x, k, scratch=scratch)
-    return float(np.abs(x[idx]).min())
+    return float(xp.abs(x[idx]).min())
 
 
 def laplace_threshold(mean: float, var: float, kept_fraction: float, *, two_sided: bool = True) -> float:
@@ -204,8 +205,9 @@ class DCT(SparseGatherScheme):
 
     def select(self, acc) -> np.ndarray:
         # Alg. 1 l.2 happened in compensate(): acc = W_grad + E_grad
+        xp = backend.array_module(acc)
         if self._scratch is None:
-            self._scratch = np.empty_like(acc)
+            self._scratch = xp.empty_like(acc)
         lay = self.layout
         self.recomputed = self.taus is None or recompute_due(self.iteration, self.lifespan)  # Alg. 1 l.3
         if self.recomputed:
@@ -224,7 +226,7 @@ class DCT(SparseGatherScheme):
                 parts.append(hit.astype(idt, copy=False) + idt(slot.offset))
         # Alg. 1 l.10-12: the base sends acc[idx] (W_hat) with Allgatherv, sums
         # every rank's set, and memory.update zeroes the sent entries (E = W - W_hat)
-        idx = np.concatenate(parts) if parts else np.empty(0, idt)
+        idx = xp.concatenate(parts) if parts else xp.empty(0, idt)
         self.local_count = int(idx.size)
         return idx
 

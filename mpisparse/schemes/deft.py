@@ -307,7 +307,7 @@ class Deft(Scheme):
     def selected_global(self) -> int:
         if self._last_indices is None:
             return 0
-        return int(np.unique(self._last_indices).size)
+        return backend.unique_count(self._last_indices)
 
     def diagnostics(self) -> dict[str, float]:
         """Base error norm plus the per-rank select time of the last step.

@@ -207,6 +207,8 @@ class MomentumCorrectionMemory(Memory):
     ``residual`` is ``v`` (what the error norm diagnostic measures).
     """
 
+    buffers = ("u", "v")
+
     def __init__(self, momentum: float, accumulate: bool = True) -> None:
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"the DGC momentum is {momentum!r}; allowed range is [0, 1)")
@@ -301,8 +303,9 @@ class DGC(SparseGatherScheme):
         return warmup_density(iteration, self.density, self.opts["density_warmup_iters"])
 
     def _step(self, grad):
+        xp = backend.array_module(grad)
         if self._scratch is None:
-            self._scratch = np.empty_like(grad)
+            self._scratch = xp.empty_like(grad)
         W = self.comm.size
         density = self.density_at(self.iteration)  # Alg. step 1
         k = k_for(density, self.n)
@@ -310,11 +313,10 @@ class DGC(SparseGatherScheme):
             g = grad
             clip = self.opts["clip_norm"]
             if clip > 0:  # Alg. step 2
-                xp = backend.array_module(grad)
-                scale = clip_scale(float(xp.linalg.norm(grad)), clip, W)
+                scale = clip_scale(backend.norm(grad), clip, W)  # one explicit scalar read
                 if scale != 1.0:
                     g = self._scratch
-                    np.multiply(grad, scale, out=g)
+                    xp.multiply(grad, grad.dtype.type(scale), out=g)
             v = self.memory.compensate(g)  # Alg. steps 3-4 (reads g before select reuses scratch)
         with self.phase("select"):
             rng = sampler(self.seed, self.comm.rank, self.iteration)

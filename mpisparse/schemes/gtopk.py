@@ -57,7 +57,6 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from ..backend.numpy_kernels import kth_largest
 from .base import Scheme, register
 
 _VAL_DTYPE = np.float32
@@ -90,29 +89,31 @@ def keep_topk(idx, vals, k: int):
         return idx, vals
     if k == 0:
         return idx[:0], vals[:0]
-    a = np.abs(vals)
-    t = kth_largest(a, k)  # k-th largest magnitude
+    xp = backend.array_module(vals)
+    a = xp.abs(vals)
+    t = xp.partition(a, m - k)[m - k]  # k-th largest magnitude (selection, not a sort; stays on the device)
     keep = a > t
-    need = k - int(np.count_nonzero(keep))
+    need = k - int(xp.count_nonzero(keep))  # an explicit scalar read
     if need:
-        tied = np.flatnonzero(a == t)  # ascending positions = ascending indices
+        tied = xp.flatnonzero(a == t)  # ascending positions = ascending indices
         keep[tied[:need]] = True
     return idx[keep], vals[keep]
 
 
 def merge_sets(idx_a, vals_a, idx_b, vals_b):
     """Union of two sparse sets (each with distinct indices): equal indices summed, index-sorted."""
-    idx = np.concatenate((idx_a, idx_b))
-    vals = np.concatenate((vals_a, vals_b))
-    order = np.argsort(idx, kind="stable")
+    xp = backend.array_module(idx_a)
+    idx = xp.concatenate((idx_a, idx_b))
+    vals = xp.concatenate((vals_a, vals_b))
+    order = xp.argsort(idx)  # equal indices come in pairs whose sum is symmetric: any order of the pair
     idx = idx[order]
     vals = vals[order]
     if idx.size < 2:
         return idx, vals
-    dup = np.flatnonzero(idx[1:] == idx[:-1])  # position i and i+1 hold the same index
+    dup = xp.flatnonzero(idx[1:] == idx[:-1])  # position i and i+1 hold the same index
     if dup.size:
         vals[dup] = vals[dup] + vals[dup + 1]  # float32 a + b == b + a: symmetric
-        keep = np.ones(idx.size, dtype=bool)
+        keep = xp.ones(idx.size, dtype=bool)
         keep[dup + 1] = False
         idx, vals = idx[keep], vals[keep]
     return idx, vals
@@ -126,10 +127,11 @@ def merge_topk(idx_a, vals_a, idx_b, vals_b, k: int):
 
 def in_sorted(x, sorted_set):
     """Boolean mask: which entries of ``x`` occur in the ascending array ``sorted_set``."""
+    xp = backend.array_module(x)
     if sorted_set.size == 0:
-        return np.zeros(x.shape, dtype=bool)
-    pos = np.searchsorted(sorted_set, x)
-    np.minimum(pos, sorted_set.size - 1, out=pos)
+        return xp.zeros(x.shape, dtype=bool)
+    pos = xp.searchsorted(sorted_set, x)
+    xp.minimum(pos, sorted_set.size - 1, out=pos)
     return sorted_set[pos] == x
 
 
@@ -194,8 +196,8 @@ class GTopK(Scheme):
             self.comm.send(vals, peer, tag=11)
 
     def _recv_set(self, peer: int, idt):
-        idx = np.empty(self.k, dtype=idt)
-        vals = np.empty(self.k, dtype=_VAL_DTYPE)
+        idx = self.xp.empty(self.k, dtype=idt)
+        vals = self.xp.empty(self.k, dtype=_VAL_DTYPE)
         with self.phase("exchange_indices"):
             _, _, c = self.comm.recv(idx, peer, tag=10)
         with self.phase("exchange_values"):
@@ -210,9 +212,10 @@ class GTopK(Scheme):
         with self.phase("compensate"):
             acc = self.memory.compensate(grad)  # step 1
         with self.phase("select"):
+            xp = backend.array_module(acc)
             if self._scratch is None:
-                self._scratch = np.empty_like(acc)
-            local = np.sort(backend.topk_abs(acc, k, scratch=self._scratch)).astype(idt, copy=False)  # step 2
+                self._scratch = xp.empty_like(acc)
+            local = xp.sort(backend.topk_abs(acc, k, scratch=self._scratch)).astype(idt, copy=False)  # step 2
             idx, vals = local, acc[local].astype(_VAL_DTYPE, copy=False)
         for kind, peer in doubling_schedule(comm.rank, comm.size):
             if kind == "fold_send":  # step 3 (sender), then step 5 (receive the result)

@@ -16,15 +16,16 @@ from .base import Scheme, register
 @register("randomk")
 class RandomK(Scheme):
 
-    def indices(self, iteration: int) -> np.ndarray:
+    def indices(self, iteration: int, like=None):
+        """The step's index set, on ``like``'s array module (drawn on the host: every rank the same)."""
         rng = np.random.default_rng([self.seed, iteration])
-        return backend.randomk(self.n, self.k, rng)
+        return backend.randomk(self.n, self.k, rng, like=like)
 
     def _step(self, grad):
         with self.phase("compensate"):
             acc = self.memory.compensate(grad)
         with self.phase("select"):
-            idx = self.indices(self.iteration)
+            idx = self.indices(self.iteration, like=acc)
             vals = acc[idx]
         with self.phase("exchange_values"):
             self.comm.allreduce(vals, vals)

@@ -35,8 +35,9 @@ class TopK(SparseGatherScheme):
             self._layer_sizes = np.array([s.size for s in self.layout.layers], dtype=np.int64)
 
     def select(self, acc) -> np.ndarray:
+        xp = backend.array_module(acc)
         if self._scratch is None:
-            self._scratch = np.empty_like(acc)
+            self._scratch = xp.empty_like(acc)
         if not self.opts["layerwise"]:
             return backend.topk_abs(acc, self.k, scratch=self._scratch)
         # every layer in one segmented call (no per-layer loop)

@@ -6,6 +6,11 @@ are broadcast anyway), reads its own shard of the training set, and steps a
 what one batch does; the loop itself (epochs, logging, evaluation per
 epoch on the sharded test set, checkpoints) is :mod:`mpisparse.train.core`.
 
+Device: with ``--device cuda`` the model and every batch live on this
+rank's GPU (:func:`mpisparse.device.torch_device`) and the optimizer's
+step stays there (see :mod:`mpisparse.torch`); the communicator's staging
+copies per step are reported (``staging_copies_per_step``).
+
 Determinism: models have no dropout and the scheme's state, the optimizer
 and the RNG are checkpointed, so a resumed run at the same world size
 continues exactly as an uninterrupted one on the CPU.
@@ -21,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import device
 from ..data import iterate_batches, lm_batches, load_dataset, shard_indices
 from ..models.nets import build_model, is_lm, needs_image
 from ..schemes import SCHEMES
@@ -38,13 +44,15 @@ def _reduce_sums(comm, values: list[float]) -> np.ndarray:
     return comm.allreduce(arr)
 
 
-def evaluate(model, batches, comm, lm: bool) -> dict[str, float]:
-    """Loss and accuracy (or perplexity) over every rank's share of a set."""
+def evaluate(model, batches, comm, lm: bool, *, dev=None) -> dict[str, float]:
+    """Loss and accuracy (or perplexity) over every rank's share of a set (batches moved to ``dev``)."""
     model.eval()
     loss_sum = correct = count = 0.0
     with torch.no_grad():
         hidden = None
         for x, y in batches:
+            if dev is not None:
+                x, y = x.to(dev), y.to(dev)
             if lm:
                 out, hidden = model(x, hidden)
                 loss_sum += F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), reduction="sum").item()
@@ -125,8 +133,12 @@ class CollectiveStep(ModelStep):
 
     def __init__(self, comm, cfg: TrainConfig):
         lm, ds, model = seeded_setup(cfg)
+        self.dev = device.torch_device(cfg.device, comm)
+        model = model.to(self.dev)  # the same initial parameters on every device
         super().__init__(cfg, lm, ds, model, shard=comm.rank, shards=comm.size, timer=PhaseTimer())
         self.comm = comm
+        #: this rank's communicator staging copies per step (device runs)
+        self.staging: list[dict[str, int]] = []
         provides_momentum = SCHEMES[cfg.scheme].provides_momentum
         opts = dict(cfg.scheme_options)
         if provides_momentum:
@@ -151,13 +163,16 @@ class CollectiveStep(ModelStep):
 
     def train_batch(self, b, batch) -> StepOutcome:
         x, y = batch
+        x, y = x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
         loss = self.forward(b, x, y)
         with self.timer.phase("backward"):
             self.dopt.zero_grad()
             loss.backward()
             if self.cfg.clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
+        staged = dict(self.comm.staging)
         stepped = self.dopt.step()
+        self.staging.append({k: self.comm.staging[k] - staged[k] for k in staged})
         selected = self.dopt.scheme.selected_global() if stepped else None
         return StepOutcome(loss.item(), stepped, None if selected is None else selected / self.dopt.layout.n,
                            selected)
@@ -171,7 +186,7 @@ class CollectiveStep(ModelStep):
         return mean_over_ranks(self.comm, losses)
 
     def evaluate(self, epoch: int) -> dict[str, float]:
-        return evaluate(self.model, self.test_batches, self.comm, self.lm)
+        return evaluate(self.model, self.test_batches, self.comm, self.lm, dev=self.dev)
 
     def state(self):
         dopt = self.dopt
@@ -196,6 +211,7 @@ class CollectiveStep(ModelStep):
             step_bytes=loop.step_bytes, selected=loop.selected, n=dopt.layout.n,
             config={**asdict(cfg), **{f"scheme.{k}": v for k, v in dopt.scheme.opts.items()}},
             diagnostics=self.diagnostics if cfg.diagnostics else None,
+            staging=self.staging if cfg.device != "cpu" else None,
             skipped_steps=dopt.skipped_steps, metrics=loop.metrics())
 
 

@@ -1,0 +1,166 @@
+"""The device-resident step on a strict fake device: every data-parallel scheme, CPU run vs device runs.
+
+Run as ``python -m mpi4py tests/mpi/device_path.py OUT.json WHAT [SCHEME ...]``
+under ``mpiexec -n W`` (``WHAT``: ``bench``, ``train`` or ``both``).  CuPy is
+replaced by :mod:`gpu_emu.strictcupy` (device arrays that refuse implicit
+conversion to NumPy and count every device-to-host copy).  The selection
+kernels are the NumPy ones behind the device wall (strictcupy's ``host``
+kernel module: the emulated CUDA kernels take a fraction of a second per
+launch); ``MPISPARSE_DEVICE_PATH_KERNELS=emu`` runs the package's CUDA C on
+the CPU emulator instead (slow; kernel reads are then counted too).  For each scheme, three runs of the same
+seed:
+
+* ``cpu`` -- ``device="cpu"``, the ordinary host path;
+* ``aware`` -- ``device="cuda"`` with a communicator that hands device
+  buffers to MPI directly (CUDA-aware; the fake's pointers are host memory,
+  so the MPI reads them as host buffers);
+* ``staged`` -- ``device="cuda"`` with a communicator that stages device
+  buffers through its pinned host buffers (a non-CUDA-aware MPI).
+
+The only test hooks: the strict ``cupy`` module, ``backend.torch_array_module``
+returning it for (CPU) torch tensors and ``device.torch_device`` returning
+the CPU -- the stand-ins for a CUDA tensor and a CUDA device.  Everything
+else is the package's code as it runs on a GPU.
+
+Rank 0 writes, per scheme and run: the per-step device-to-host copies the
+fake counted within the scheme's step (``bench``) or the optimizer's step
+(``train``), the largest of them in bytes, the communicator's staging copies
+per step, the result's ``staging_copies_per_step``, the largest difference
+of the device runs' aggregated updates (bench) or losses (train) from the
+CPU run's, and every rank's figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the gpu_emu package
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from gpu_emu import strictcupy  # noqa: E402
+
+cupy = strictcupy.install_globally(os.environ.get("MPISPARSE_DEVICE_PATH_KERNELS", "host"))
+
+from mpisparse import backend, device, runtimes  # noqa: E402
+from mpisparse.backend import numpy_kernels as nk  # noqa: E402
+from mpisparse.comm import Communicator  # noqa: E402
+from mpisparse.config import BenchConfig, TrainConfig  # noqa: E402
+from mpisparse.schemes.base import CollectiveScheme  # noqa: E402
+from mpisparse.torch import DistributedOptimizer  # noqa: E402
+
+#: every data-parallel scheme (and topk's layer-wise variant) with the options of this check;
+#: dgc samples its whole vector so its threshold estimate is exact on both paths (the GPU kernel samples
+#: other positions than the NumPy kernel, which would change its selection)
+SCHEMES = {
+    "dense": ("dense", {}),
+    "topk": ("topk", {}),
+    "topk-layerwise": ("topk", {"layerwise": True}),
+    "randomk": ("randomk", {}),
+    "threshold": ("threshold", {}),
+    "cltk": ("cltk", {}),
+    "deft": ("deft", {}),
+    "dct": ("dct", {"lifespan": 2}),
+    "gtopk": ("gtopk", {}),
+    "dgc": ("dgc", {"sample_fraction": 1.0}),
+}
+
+_real_torch_module = backend.torch_array_module
+_scheme_step = CollectiveScheme.step
+_dopt_step = DistributedOptimizer.step
+RECORD: list[dict] | None = None
+
+
+def _counted(fn, outputs: bool):
+    def wrapper(self, *args, **kw):
+        c0, s0 = dict(strictcupy.COUNTS), len(strictcupy.D2H_SIZES)
+        comm = self.comm
+        st0 = dict(comm.staging)
+        result = fn(self, *args, **kw)
+        if RECORD is not None:
+            sizes = strictcupy.D2H_SIZES[s0:]
+            rec = {"d2h": strictcupy.COUNTS["d2h"] - c0["d2h"], "d2h_max_bytes": max(sizes, default=0),
+                   "staging_d2h": comm.staging["d2h"] - st0["d2h"],
+                   "staging_h2d": comm.staging["h2d"] - st0["h2d"]}
+            if outputs:
+                rec["out"] = backend.to_host(result).copy()  # after the count: not part of the step
+            RECORD.append(rec)
+        return result
+    return wrapper
+
+
+def use_device(on: bool) -> None:
+    """The test's stand-in for CUDA tensors: CPU tensors viewed as strict device arrays."""
+    backend.torch_array_module = (lambda t: cupy) if on else _real_torch_module
+
+
+device.torch_device = lambda kind, comm=None: torch.device("cpu")  # the model stays in (host) memory
+
+
+def run(what: str, key: str, mode: str, W: int):
+    global RECORD
+    name, opts = SCHEMES[key]
+    on_device = mode != "cpu"
+    use_device(on_device)
+    comm = Communicator(cuda_aware=(mode == "aware"))
+    nk._default_rng = np.random.default_rng(0)  # the sampled top-k's positions: the same in every run
+    strictcupy.reset_counts()
+    dev = "cuda" if on_device else "cpu"
+    RECORD = []
+    losses: list[float] = []
+    try:
+        if what == "bench":
+            CollectiveScheme.step = _counted(_scheme_step, outputs=True)
+            cfg = BenchConfig(model="ncf", scheme=name, density=0.01, iters=3, warmup=0, seed=3,
+                              scheme_options=dict(opts), device=dev).validate(W)
+            res = runtimes.bench_step(comm, cfg)
+        else:
+            DistributedOptimizer.step = _counted(_dopt_step, outputs=False)
+            cfg = TrainConfig(model="mlp", data="digits", scheme=name, density=0.05, epochs=1, batch_size=256,
+                              lr=0.1, seed=1, scheme_options=dict(opts), device=dev).validate(W)
+            res = runtimes.train(comm, cfg, step_log=lambda r: losses.append(float(r["loss"])))
+    finally:
+        CollectiveScheme.step = _scheme_step
+        DistributedOptimizer.step = _dopt_step
+        use_device(False)
+    rec, RECORD = RECORD, None
+    return rec, losses, res
+
+
+def main() -> None:
+    out_path, what = sys.argv[1], sys.argv[2]
+    keys = sys.argv[3:] or list(SCHEMES)
+    W = Communicator().size
+    report: dict = {}
+    for kind in (("bench", "train") if what == "both" else (what,)):
+        for key in keys:
+            runs = {mode: run(kind, key, mode, W) for mode in ("cpu", "aware", "staged")}
+            cpu_rec, cpu_losses, cpu_res = runs["cpu"]
+            entry: dict = {}
+            for mode in ("aware", "staged"):
+                rec, losses, res = runs[mode]
+                if kind == "bench":
+                    diff = max(float(np.max(np.abs(a["out"] - b["out"]))) for a, b in zip(rec, cpu_rec))
+                    same_steps = len(rec) == len(cpu_rec)
+                else:
+                    diff = max((abs(a - b) for a, b in zip(losses, cpu_losses)), default=0.0)
+                    diff = max(diff, abs(res.final_metrics["test_loss"] - cpu_res.final_metrics["test_loss"]))
+                    same_steps = len(losses) == len(cpu_losses) and len(rec) == len(cpu_losses)
+                mine = {"d2h": [r["d2h"] for r in rec], "d2h_max_bytes": max(r["d2h_max_bytes"] for r in rec),
+                        "staging_d2h": [r["staging_d2h"] for r in rec],
+                        "staging_h2d": [r["staging_h2d"] for r in rec]}
+                everyone = Communicator().allgather_obj(mine)
+                entry[mode] = {"ranks": everyone, "max_diff": diff, "same_steps": same_steps,
+                               "steps": len(rec), "staging_copies_per_step": res.staging_copies_per_step,
+                               "cpu_result_staging": cpu_res.staging_copies_per_step}
+            report[f"{kind}:{key}"] = entry
+    if Communicator().rank == 0:
+        Path(out_path).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
