@@ -18,6 +18,20 @@ from ..results.build import collective_result
 from ..timing import PhaseTimer
 
 
+def current_rss_bytes() -> int:
+    """This process's resident memory now (``/proc/self/statm``; elsewhere its peak so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        import os
+
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        from ..results.build import peak_rss_bytes
+
+        return peak_rss_bytes()
+
+
 def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     """Run ``cfg`` (a collective scheme) on every rank of ``comm``; returns its :class:`~mpisparse.results.RunResult`."""
     model, scheme, density, iters, warmup = cfg.model, cfg.scheme, cfg.density, cfg.iters, cfg.warmup
@@ -31,6 +45,7 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     step_bytes: list[int] = []
     selected: list[int] = []
     diags: list[dict[str, float]] = []
+    rss_at, rss = set(cfg.rss_at), {}
     for it in range(warmup + iters):
         timer.recording = it >= warmup
         gen.fill(grad, it)
@@ -43,11 +58,18 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
             selected.append(sch.selected_global())
             if diagnostics:
                 diags.append(sch.diagnostics())
+        if it + 1 in rss_at:
+            rss[it + 1] = current_rss_bytes()
         if progress is not None:
             progress(it + 1, warmup + iters)
+    if rss_at:  # max over ranks, keyed by the step as a string (a JSON object)
+        everyone = comm.allgather_obj(rss)
+        rss = {str(k): max(r[k] for r in everyone) for k in sorted(rss)}
 
     return collective_result(
         comm, scheme=scheme, density_target=density, timer=timer, step_bytes=step_bytes, selected=selected,
         n=layout.n, memory=True, k=sch.k, layers=len(layout), diagnostics=diags if diagnostics else None,
+        rss_bytes_at_step=rss or None,
         config={"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
-                "seed": seed, "memory": memory, "diagnostics": diagnostics, **sch.opts})
+                "seed": seed, "memory": memory, "diagnostics": diagnostics,
+                **({"rss_at": list(cfg.rss_at)} if cfg.rss_at else {}), **sch.opts})

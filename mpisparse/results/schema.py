@@ -22,7 +22,7 @@ PS_KEYS = ("servers", "workers", "ps_mode", "shards", "communications", "bytes_u
 EXCHANGE_KEYS = ("exchange_seconds", "exchange_seconds_mean_over_ranks", "exchange_phases", "bytes_per_selected")
 
 _OPTIONAL = ("skipped_steps", "metrics", "diagnostics", "k", "layers", "gradient_buffer_bytes",
-             "peak_rss_bytes_per_rank")
+             "peak_rss_bytes_per_rank", "rss_bytes_at_step")
 
 
 @dataclass
@@ -77,9 +77,11 @@ class RunResult:
     Present when known
     ------------------
     ``skipped_steps``
-        ``train``: steps skipped because a gradient was not finite
-        (collective: the ranks agree; parameter server: summed over
-        workers; pipeline: max over ranks).
+        ``train``: steps skipped because a gradient, the exchanged update
+        or the updated parameters were not finite (the parameters are left
+        as they were; collective: the ranks agree; parameter server: summed
+        over workers; pipeline: max over ranks).  ``--max-skipped-steps``
+        consecutive ones stop the run with an error.
     ``metrics``
         ``train``: ``{"final": record, "per_epoch": [record, ...]}``; a
         record has ``epoch``, ``iteration`` (steps so far),
@@ -98,6 +100,10 @@ class RunResult:
         bytes of one float32 gradient buffer, ``4 n`` (``bench step``).
     ``peak_rss_bytes_per_rank``
         peak resident memory of a rank, max over ranks (``bench step``).
+    ``rss_bytes_at_step``
+        ``bench step --rss-at``: ``{"step": bytes}``, a rank's resident
+        memory right after that step (warm-up steps counted), max over
+        ranks; compare two steps to see whether memory grows with steps.
 
     Runtime-specific blocks
     -----------------------
@@ -151,6 +157,7 @@ class RunResult:
     layers: int | None = None
     gradient_buffer_bytes: int | None = None
     peak_rss_bytes_per_rank: int | None = None
+    rss_bytes_at_step: dict[str, int] | None = None
     ps: dict[str, Any] | None = None
     mp: dict[str, Any] | None = None
     exchange: dict[str, Any] | None = None
