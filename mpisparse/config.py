@@ -23,7 +23,7 @@ from .registry import SchemeBase, scheme_class, validate_density
 
 __all__ = ["BenchConfig", "CLI_ONLY_OPTIONS", "ConfigMismatch", "DATASETS", "MPConfig", "OPTION_FIELDS",
            "PER_RANK_FIELDS", "RESUME_FREE_FIELDS", "TRAIN_MODELS", "TrainConfig", "check_agreement",
-           "config_differences"]
+           "config_differences", "flat_fields"]
 
 #: the networks ``train`` builds (:data:`mpisparse.models.nets.NETS`) and the datasets it reads
 #: (:data:`mpisparse.data.DATASETS`), named here so that checking a configuration needs no torch
@@ -272,11 +272,12 @@ def _comparable(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in asdict(cfg).items() if k not in PER_RANK_FIELDS}
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def flat_fields(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A configuration dict with nested dicts' keys joined by dots (``mp.stages``)."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat_fields(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -284,8 +285,8 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def config_differences(a: dict[str, Any], b: dict[str, Any], *, ignore: Sequence[str] = ()) -> list[str]:
     """Names of the (nested: ``mp.stages``, ``scheme_options.lifespan``) fields whose values differ."""
-    fa = {k: v for k, v in _flat(a).items() if k.split(".")[0] not in ignore}
-    fb = {k: v for k, v in _flat(b).items() if k.split(".")[0] not in ignore}
+    fa = {k: v for k, v in flat_fields(a).items() if k.split(".")[0] not in ignore}
+    fb = {k: v for k, v in flat_fields(b).items() if k.split(".")[0] not in ignore}
     return [k for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 
@@ -305,7 +306,7 @@ def check_agreement(comm, configs: Sequence[Any]) -> None:
                          f"rank {r} has {[c.get('scheme') for c in other]!r}")
             continue
         for c0, cr in zip(everyone[0], other):
-            f0, fr = _flat(c0), _flat(cr)
+            f0, fr = flat_fields(c0), flat_fields(cr)
             for k in config_differences(c0, cr):
                 line = f"{k}: rank 0 has {f0.get(k)!r}, rank {r} has {fr.get(k)!r}"
                 if line not in diffs:
