@@ -14,22 +14,8 @@ from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
 from ..schemes import create
-from ..results.build import collective_result
+from ..results.build import collective_result, current_rss_bytes
 from ..timing import PhaseTimer
-
-
-def current_rss_bytes() -> int:
-    """This process's resident memory now (``/proc/self/statm``; elsewhere its peak so far)."""
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        import os
-
-        return pages * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        from ..results.build import peak_rss_bytes
-
-        return peak_rss_bytes()
 
 
 def run_step_bench(comm, cfg: BenchConfig, *, progress=None):

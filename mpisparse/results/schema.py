@@ -101,9 +101,11 @@ class RunResult:
     ``peak_rss_bytes_per_rank``
         peak resident memory of a rank, max over ranks (``bench step``).
     ``rss_bytes_at_step``
-        ``bench step --rss-at``: ``{"step": bytes}``, a rank's resident
-        memory right after that step (warm-up steps counted), max over
-        ranks; compare two steps to see whether memory grows with steps.
+        ``{"step": bytes}``, a rank's resident memory right after that
+        step, max over ranks; compare two steps to see whether memory
+        grows with steps.  ``bench step --rss-at``: the steps asked for
+        (warm-up steps counted); data-parallel ``train``: the last step of
+        each epoch of this run.
 
     Runtime-specific blocks
     -----------------------

@@ -28,6 +28,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..results.build import current_rss_bytes
+
 __all__ = ["LoopState", "NoProgress", "Preempted", "StepOutcome", "TrainStep", "epoch_line", "mean_over_ranks",
            "run_loop"]
 
@@ -133,6 +135,8 @@ class LoopState:
     #: this run's (not a resumed run's earlier) bytes per step and selected elements per counted step
     step_bytes: list[int] = field(default_factory=list)
     selected: list[float] = field(default_factory=list)
+    #: this rank's resident memory after each epoch of this run, by iteration (``str`` keys, as in JSON)
+    rss: dict[str, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, Any]:
         """The result's ``metrics``: the last epoch's record and all of them."""
@@ -306,6 +310,7 @@ def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
                     _save(comm, cfg, step, loop, epoch, b + 1, time.perf_counter() - t_start)
                     say(f"signal received: checkpoint written to {cfg.checkpoint}; stopping (continue with --resume)")
                     raise Preempted()
+            loop.rss[str(loop.iteration)] = current_rss_bytes()
             train_loss = step.epoch_loss(losses)
             test = step.evaluate(epoch)
             if step.keeps_history():
