@@ -21,8 +21,8 @@ gradients can overflow in the sum) is skipped and counted the same way,
 agreed by the same 4-byte Allreduce; a step of the optimizer that leaves
 a parameter non-finite is undone (the parameters are restored from a copy
 taken before it; the optimizer's own state, e.g. momentum, is not) and
-counted as skipped: parameters never become non-finite.  Momentum therefore acts on the aggregated update (as in
-Alg. 1 of DEFT and of ScaleCom); a scheme that brings its own momentum
+counted as skipped: parameters never become non-finite.  Momentum
+therefore acts on the aggregated update (as in Alg. 1 of DEFT and of ScaleCom); a scheme that brings its own momentum
 (``provides_momentum``, e.g. DGC's correction) requires an optimizer without
 momentum.
 

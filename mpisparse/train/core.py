@@ -5,7 +5,11 @@ what is not the runtime's own business: step timing, the per-step log and
 progress lines, the count of steps and of skipped (non-finite) steps,
 per-epoch evaluation and history, checkpoint and resume (SIGUSR1, sent by
 SLURM before the time limit, writes a checkpoint and ends the job with exit
-code 0), and at the end the runtime's result.
+code 0), and at the end the runtime's result.  ``--max-skipped-steps``
+skipped steps in a row end the run (:class:`NoProgress`); a resume whose
+configuration differs from the checkpoint's in more than
+:data:`mpisparse.config.RESUME_FREE_FIELDS` is refused before any step; what
+a killed save left in the checkpoint directory is removed at the start.
 
 A runtime hands it a step object (:class:`TrainStep`): what one batch does,
 how an epoch's train loss is reduced, how to evaluate, what to checkpoint
