@@ -60,8 +60,8 @@ def _steps(value: str) -> list[int]:
                 "One row per scheme: the result's scalars and per-phase ms.",
                 "PNG: per-phase time per step (stacked) and bytes per rank, one bar per scheme.")
 @click.option("--rss-at", "rss_at", default=None, callback=lambda ctx, param, v: None if v is None else _steps(v), metavar="STEP[,STEP...]",
-              help="Record each rank's resident memory after these steps (warm-up included; the result's "
-                   "rss_bytes_at_step, max over ranks), e.g. 200,2000 to look for a leak.")
+              help="Collective schemes: record each rank's resident memory after these steps (warm-up "
+                   "included; the result's rss_bytes_at_step, max over ranks), e.g. 200,2000 to look for a leak.")
 @scheme_options
 @cuda_aware_option
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, no_memory,
