@@ -11,7 +11,6 @@ must be undone.  Prints ``SCHEME stepped=B skipped=N`` per scheme and
 
 import sys
 
-import numpy as np
 import torch
 
 from mpisparse.comm import Communicator

@@ -74,7 +74,7 @@ def test_skips_are_in_the_result_and_the_summary(tmp_path):
     r = json.loads(out.read_text())
     steps = r["metrics"]["final"]["iteration"]
     assert 0 < r["skipped_steps"] <= steps and r["skipped_steps"] >= steps - 2
-    assert f"skipped steps" in p.stdout and str(r["skipped_steps"]) in p.stdout
+    assert "skipped steps" in p.stdout and str(r["skipped_steps"]) in p.stdout
 
 
 def test_max_skipped_steps_option_range():
