@@ -21,8 +21,9 @@ from typing import Any, Sequence
 
 from .registry import SchemeBase, scheme_class, validate_density
 
-__all__ = ["BenchConfig", "ConfigMismatch", "DATASETS", "MPConfig", "PER_RANK_FIELDS", "TRAIN_MODELS",
-           "TrainConfig", "check_agreement"]
+__all__ = ["BenchConfig", "CLI_ONLY_OPTIONS", "ConfigMismatch", "DATASETS", "MPConfig", "OPTION_FIELDS",
+           "PER_RANK_FIELDS", "RESUME_FREE_FIELDS", "TRAIN_MODELS", "TrainConfig", "check_agreement",
+           "config_differences", "flat_fields"]
 
 #: the networks ``train`` builds (:data:`mpisparse.models.nets.NETS`) and the datasets it reads
 #: (:data:`mpisparse.data.DATASETS`), named here so that checking a configuration needs no torch
@@ -55,6 +56,11 @@ def _choice(name: str, value: Any, allowed: Sequence[str]) -> None:
 def _bool(name: str, value: Any) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"{name} is {value!r}; allowed values are True, False")
+
+
+def _optional_bool(name: str, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name} is {value!r}; allowed values are True, False, None (decided at start-up)")
 
 
 def _scheme(name: str, flag: str = "--scheme") -> type[SchemeBase]:
@@ -127,6 +133,12 @@ class TrainConfig:
     mp: MPConfig | None = None
     #: ``cpu`` or ``cuda`` (each rank's GPU: the whole step stays on the device)
     device: str = "cpu"
+    #: ``--check-collectives``: every collective first checks its counts and dtypes across ranks (debug)
+    check_collectives: bool = False
+    #: ``--cuda-aware/--no-cuda-aware``: hand device buffers to MPI or stage them; None: decided at start-up
+    cuda_aware: bool | None = None
+    #: ``--max-skipped-steps``: stop with an error after this many consecutive skipped steps (0: never)
+    max_skipped_steps: int = 100
 
     def validate(self, world: int | None = None) -> TrainConfig:
         """Check every field, then the runtime's own checks; ``world`` is the world size if known.
@@ -155,6 +167,9 @@ class TrainConfig:
         _bool("memory", self.memory)
         _bool("--resume", self.resume)
         _bool("--diagnostics", self.diagnostics)
+        _bool("--check-collectives", self.check_collectives)
+        _optional_bool("--cuda-aware", self.cuda_aware)
+        _int("--max-skipped-steps", self.max_skipped_steps, 0)
         if self.resume and not self.checkpoint:
             raise ValueError("--resume needs --checkpoint DIR")
         _int("--servers", self.servers, 1)
@@ -185,6 +200,13 @@ class BenchConfig:
     servers: int = 1
     #: ``cpu`` or ``cuda`` (gradients drawn into each rank's GPU memory, the whole step on the device)
     device: str = "cpu"
+    #: ``--check-collectives``: every collective first checks its counts and dtypes across ranks (debug)
+    check_collectives: bool = False
+    #: ``--cuda-aware/--no-cuda-aware``: hand device buffers to MPI or stage them; None: decided at start-up
+    cuda_aware: bool | None = None
+    #: ``--rss-at``: steps (counted from the first, warm-up included) after which each rank's resident
+    #: memory is recorded (the result's ``rss_bytes_at_step``); empty: none
+    rss_at: list[int] = field(default_factory=list)
 
     def validate(self, world: int | None = None) -> BenchConfig:
         """Check every field, then the runtime's own checks (a pipeline scheme has no ``bench``).
@@ -203,6 +225,14 @@ class BenchConfig:
         _int("--seed", self.seed, -2**63)
         _bool("memory", self.memory)
         _bool("--diagnostics", self.diagnostics)
+        _bool("--check-collectives", self.check_collectives)
+        _optional_bool("--cuda-aware", self.cuda_aware)
+        if not isinstance(self.rss_at, (list, tuple)) or not all(
+                isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= self.warmup + self.iters
+                for s in self.rss_at):
+            raise ValueError(f"--rss-at is {self.rss_at!r}; allowed: steps in [1, {self.warmup + self.iters}] "
+                             "(--warmup + --iters)")
+        self.rss_at = sorted(set(self.rss_at))
         _int("--servers", self.servers, 1)
         self.scheme_options = cls.validate_options(dict(self.scheme_options))
         _world(cls, world)
@@ -216,6 +246,31 @@ class BenchConfig:
 #: fields that may differ between ranks (a dataset at a node-local path)
 PER_RANK_FIELDS = ("data_dir",)
 
+#: options of ``train`` and ``bench step`` that are not configuration fields, and why each may differ
+#: between ranks without changing what a rank computes or communicates.  Every other option of these
+#: commands must be a field (under its own name or :data:`OPTION_FIELDS`'s), so it is compared by
+#: :func:`check_agreement`; a test fails when an option is in neither place.
+CLI_ONLY_OPTIONS: dict[str, str] = {
+    "nprocs": "-n: each rank checks it against the MPI job's size at start-up",
+    "timeout": "--timeout: a bound the launcher enforces; the launching process reads it, ranks do not",
+    "json_path": "output only: rank 0 writes the result file",
+    "csv_path": "output only: rank 0 writes the per-step log",
+    "plot_path": "output only: rank 0 draws the plot",
+    "overwrite_checkpoint": "start-up only: checked before MPI starts, on every rank",
+}
+
+#: command-line parameter names that fill a configuration field of another name (``a.b``: a nested field)
+OPTION_FIELDS: dict[str, str] = {
+    "schemes": "scheme", "no_memory": "memory", "checkpoint_dir": "checkpoint",
+    "mp_stages": "mp.stages", "split_after": "mp.split_after", "micro_batches": "mp.micro_batches",
+    "dp_scheme": "mp.dp_scheme", "dp_density": "mp.dp_density",
+}
+
+#: ``train`` fields a run resumed from a checkpoint may change: how long it runs, where it writes,
+#: and options that only observe or check (everything else must equal the checkpoint's configuration)
+RESUME_FREE_FIELDS = ("epochs", "checkpoint", "resume", "data_dir", "diagnostics", "check_collectives",
+                      "cuda_aware", "max_skipped_steps")
+
 
 class ConfigMismatch(RuntimeError):
     """Ranks were started with different configurations."""
@@ -223,6 +278,24 @@ class ConfigMismatch(RuntimeError):
 
 def _comparable(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in asdict(cfg).items() if k not in PER_RANK_FIELDS}
+
+
+def flat_fields(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A configuration dict with nested dicts' keys joined by dots (``mp.stages``)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat_fields(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(a: dict[str, Any], b: dict[str, Any], *, ignore: Sequence[str] = ()) -> list[str]:
+    """Names of the (nested: ``mp.stages``, ``scheme_options.lifespan``) fields whose values differ."""
+    fa = {k: v for k, v in flat_fields(a).items() if k.split(".")[0] not in ignore}
+    fb = {k: v for k, v in flat_fields(b).items() if k.split(".")[0] not in ignore}
+    return [k for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
 
 
 def check_agreement(comm, configs: Sequence[Any]) -> None:
@@ -241,10 +314,10 @@ def check_agreement(comm, configs: Sequence[Any]) -> None:
                          f"rank {r} has {[c.get('scheme') for c in other]!r}")
             continue
         for c0, cr in zip(everyone[0], other):
-            for k in sorted(set(c0) | set(cr)):
-                if c0.get(k) != cr.get(k):
-                    line = f"{k}: rank 0 has {c0.get(k)!r}, rank {r} has {cr.get(k)!r}"
-                    if line not in diffs:
-                        diffs.append(line)
+            f0, fr = flat_fields(c0), flat_fields(cr)
+            for k in config_differences(c0, cr):
+                line = f"{k}: rank 0 has {f0.get(k)!r}, rank {r} has {fr.get(k)!r}"
+                if line not in diffs:
+                    diffs.append(line)
     if diffs:
         raise ConfigMismatch("ranks disagree on the configuration: " + "; ".join(diffs[:5]))

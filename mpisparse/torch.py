@@ -16,8 +16,13 @@ gradients into the fusion buffer, checks them for NaN/Inf on every rank (any
 non-finite value anywhere skips the step on all ranks, counted in
 ``skipped_steps``; parameters stay unchanged), exchanges them with the
 scheme, writes the aggregated mean update back into ``.grad`` and steps the
-wrapped optimizer.  Momentum therefore acts on the aggregated update (as in
-Alg. 1 of DEFT and of ScaleCom); a scheme that brings its own momentum
+wrapped optimizer.  An exchanged update that is not finite (finite
+gradients can overflow in the sum) is skipped and counted the same way,
+agreed by the same 4-byte Allreduce; a step of the optimizer that leaves
+a parameter non-finite is undone (the parameters are restored from a copy
+taken before it; the optimizer's own state, e.g. momentum, is not) and
+counted as skipped: parameters never become non-finite.  Momentum
+therefore acts on the aggregated update (as in Alg. 1 of DEFT and of ScaleCom); a scheme that brings its own momentum
 (``provides_momentum``, e.g. DGC's correction) requires an optimizer without
 momentum.
 
@@ -158,11 +163,48 @@ class DistributedOptimizer:
             self.optimizer.zero_grad(set_to_none=False)
             return False
         out = self.scheme.step(self.buffer)
+        if not self._update_finite(out):  # the exchange overflowed: skipped like a non-finite gradient
+            self.skipped_steps += 1
+            self.optimizer.zero_grad(set_to_none=False)
+            return False
         with self.timer.phase("update"):
             self._write_back(out)
+            self._snapshot_parameters()
             self.optimizer.step()
+            if not self._parameters_finite():
+                self._restore_parameters()
+                self.skipped_steps += 1
+                return False
         self.steps += 1
         return True
+
+    # ------------------------------------------------ non-finite results (overflow)
+    def _update_finite(self, out) -> bool:
+        """Agree over ranks (the same 4-byte Allreduce) whether the exchanged update is finite.
+
+        Finite gradients can still sum to Inf in the exchange (values near
+        3.4e38); the result is checked where it lies (``backend.array_module``)
+        and the ranks agree, so a scheme whose ranks could see different
+        results still skips on all of them together.
+        """
+        xp = backend.array_module(out)
+        self._flag[0] = 0 if bool(xp.isfinite(out).all()) else 1
+        with self.timer.phase("wait"):
+            return self._all_finite()
+
+    def _snapshot_parameters(self) -> None:
+        """Keep the parameters before the optimizer's step (to restore them if it overflows)."""
+        if getattr(self, "_saved_params", None) is None:
+            self._saved_params = [torch.empty_like(p) for p in self.params]
+        torch._foreach_copy_(self._saved_params, [p.detach() for p in self.params])
+
+    def _parameters_finite(self) -> bool:
+        """Whether every parameter is finite after the step (the same on every rank: same parameters,
+        same update)."""
+        return bool(torch.stack([torch.isfinite(p).all() for p in self.params]).all())
+
+    def _restore_parameters(self) -> None:
+        torch._foreach_copy_([p.detach() for p in self.params], self._saved_params)
 
     # ------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

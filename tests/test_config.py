@@ -67,6 +67,40 @@ def test_agreement_compares_every_field_but_the_per_rank_ones():
         check_agreement(FakeComm([same[:1]]), mine)
 
 
+def test_agreement_names_nested_fields_and_the_communicator_settings():
+    from dataclasses import asdict
+
+    mine = [TrainConfig(scheme="dct", mp=MPConfig(stages=2), check_collectives=True)]
+    theirs = [{k: v for k, v in asdict(c).items() if k != "data_dir"} for c in mine]
+    theirs[0]["mp"] = dict(theirs[0]["mp"], micro_batches=4)
+    theirs[0]["check_collectives"] = False
+    with pytest.raises(ConfigMismatch, match=r"check_collectives: rank 0 has True, rank 1 has False; "
+                                             r"mp.micro_batches: rank 0 has 1, rank 1 has 4$"):
+        check_agreement(FakeComm([theirs]), mine)
+
+
+def test_config_differences_ignores_the_named_fields():
+    from dataclasses import asdict
+
+    from mpisparse.config import RESUME_FREE_FIELDS, config_differences
+
+    a = asdict(TrainConfig(scheme="dct", scheme_options={"lifespan": 5}))
+    b = asdict(TrainConfig(scheme="dct", scheme_options={"lifespan": 7}, epochs=50, checkpoint="x", resume=True,
+                           diagnostics=True, cuda_aware=False, max_skipped_steps=3, data_dir="/elsewhere"))
+    assert config_differences(a, b, ignore=RESUME_FREE_FIELDS) == ["scheme_options.lifespan"]
+    assert "epochs" in config_differences(a, b)
+
+
+def test_new_fields_are_checked():
+    with pytest.raises(ValueError, match="--cuda-aware is 'yes'; allowed values are True, False, None"):
+        TrainConfig(cuda_aware="yes").validate()
+    with pytest.raises(ValueError, match="--check-collectives is 1; allowed values are True, False"):
+        BenchConfig(model="ncf", check_collectives=1).validate()
+    with pytest.raises(ValueError, match=r"--rss-at is \[0\]; allowed: steps in \[1, 12\]"):
+        BenchConfig(model="ncf", rss_at=[0]).validate()
+    assert BenchConfig(model="ncf", rss_at=[12, 3, 3]).validate().rss_at == [3, 12]
+
+
 def test_help_shows_common_options_first_then_one_section_per_scheme():
     for cmd in (["train"], ["bench", "step"], ["bench", "exchange"]):
         out = CliRunner().invoke(cli, [*cmd, "--help"]).output

@@ -23,7 +23,7 @@ from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
 from ..schemes import create
-from ..results.build import collective_result
+from ..results.build import collective_result, current_rss_bytes
 from ..timing import PhaseTimer
 
 
@@ -45,6 +45,7 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     step_bytes: list[int] = []
     selected: list[int] = []
     diags: list[dict[str, float]] = []
+    rss_at, rss = set(cfg.rss_at), {}
     for it in range(warmup + iters):
         timer.recording = it >= warmup
         gen.fill(drawn, it)
@@ -60,12 +61,19 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
             selected.append(sch.selected_global())
             if diagnostics:
                 diags.append(sch.diagnostics())
+        if it + 1 in rss_at:
+            rss[it + 1] = current_rss_bytes()
         if progress is not None:
             progress(it + 1, warmup + iters)
+    if rss_at:  # max over ranks, keyed by the step as a string (a JSON object)
+        everyone = comm.allgather_obj(rss)
+        rss = {str(k): max(r[k] for r in everyone) for k in sorted(rss)}
 
     return collective_result(
         comm, scheme=scheme, density_target=density, timer=timer, step_bytes=step_bytes, selected=selected,
         n=layout.n, memory=True, k=sch.k, layers=len(layout), diagnostics=diags if diagnostics else None,
         staging=staging if on_device else None,
+        rss_bytes_at_step=rss or None,
         config={"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
-                "seed": seed, "memory": memory, "diagnostics": diagnostics, "device": cfg.device, **sch.opts})
+                "seed": seed, "memory": memory, "diagnostics": diagnostics, "device": cfg.device,
+                **({"rss_at": list(cfg.rss_at)} if cfg.rss_at else {}), **sch.opts})

@@ -18,7 +18,7 @@ from . import output
 from .options import (SectionedCommand, check_plot, cuda_aware_option, density_list, diagnostics_option, int_list,
                       mpi_options, output_options, pick_scheme_options, scheme_options, size_list, step_options, usage,
                       validated, out_dir_or_default, writable_dir, writable_file)
-from .session import agree_on_config, maybe_relaunch, open_comm
+from .session import maybe_relaunch, open_comm
 
 __all__ = ["bench", "bench_exchange", "bench_scaling", "bench_select", "bench_step"]
 
@@ -30,6 +30,16 @@ def bench() -> None:
 
 
 # --------------------------------------------------------------------------- step
+def _steps(value: str) -> list[int]:
+    try:
+        out = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of step numbers") from None
+    if not out:
+        raise click.BadParameter(f"{value!r}: give at least one step number")
+    return out
+
+
 @bench.command("step", cls=SectionedCommand)
 @mpi_options
 @click.option("--model", type=click.Choice(model_names()), default="resnet18", show_default=True,
@@ -50,10 +60,13 @@ def bench() -> None:
 @output_options("Write the result object (a list with several --scheme) to this file.",
                 "One row per scheme: the result's scalars and per-phase ms.",
                 "PNG: per-phase time per step (stacked) and bytes per rank, one bar per scheme.")
+@click.option("--rss-at", "rss_at", default=None, callback=lambda ctx, param, v: None if v is None else _steps(v), metavar="STEP[,STEP...]",
+              help="Collective schemes: record each rank's resident memory after these steps (warm-up "
+                   "included; the result's rss_bytes_at_step, max over ranks), e.g. 200,2000 to look for a leak.")
 @scheme_options
 @cuda_aware_option
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
-               check_collectives, diagnostics, json_path, csv_path, plot_path, servers, cuda_aware=None,
+               check_collectives, diagnostics, json_path, csv_path, plot_path, rss_at, servers, cuda_aware=None,
                **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
@@ -61,7 +74,8 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
     servers = usage(check_servers, schemes, servers)
     cfgs = [validated(BenchConfig(model=model, scheme=s, density=density, iters=iters, warmup=warmup, seed=seed,
                                   memory=not no_memory, scheme_options=dict(per_scheme[s]),
-                                  diagnostics=diagnostics, servers=servers, device=device), nprocs)
+                                  diagnostics=diagnostics, servers=servers, check_collectives=check_collectives,
+                                  cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device), nprocs)
             for s in schemes]
     usage(check_device_usable, device, need_torch=False)
     check_plot(plot_path)
@@ -69,8 +83,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
 
     from ..runtimes import bench_step as run_bench_step
 
-    comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
-    agree_on_config(comm, cfgs)
+    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs)
     results = []
     for cfg in cfgs:
         res = run_bench_step(comm, cfg, progress=output.progress(comm, f"{cfg.scheme}: step"))
@@ -112,7 +125,8 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
     per_scheme = pick_scheme_options(schemes, scheme_opts)
     servers_n = usage(check_servers, schemes, servers)
     cfgs = [validated(BenchConfig(model=model, scheme=s, density=d, iters=iters, warmup=warmup, seed=seed,
-                                  memory=not no_memory, scheme_options=dict(per_scheme[s]), servers=servers_n),
+                                  memory=not no_memory, scheme_options=dict(per_scheme[s]), servers=servers_n,
+                                  check_collectives=check_collectives, cuda_aware=cuda_aware),
                       nprocs)
             for s in schemes for d in densities]
     per_scheme = {c.scheme: c.scheme_options for c in cfgs}
@@ -121,8 +135,7 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
 
     from ..bench.exchange import run_exchange_bench
 
-    comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
-    agree_on_config(comm, cfgs)
+    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs)
     progress = output.progress(comm, "exchange")
     results = run_exchange_bench(
         comm, model=model, schemes=schemes, densities=densities, iters=iters, warmup=warmup, seed=seed,

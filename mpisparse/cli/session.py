@@ -37,21 +37,31 @@ def maybe_relaunch(nprocs: int | None, timeout: int | None) -> bool:
     raise SystemExit(code)
 
 
-def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None = None):
+def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None = None, *,
+              configs: Sequence[Any] = ()):
+    """The communicator a command runs on; ``configs`` are first compared across ranks.
+
+    A launcher that started processes MPI does not see as one job is refused
+    first (each would train alone).  The comparison runs on a plain
+    communicator, before ``check`` or ``cuda_aware`` (which are part of the
+    configurations) change how any collective runs: ranks that disagree on
+    them fail instead of hanging.
+    """
     from mpi4py import MPI
 
     from ..comm import Communicator
     from ..device import assign_device
 
-    # a launcher that started processes MPI does not see as one job: each would train alone
     mismatch = launcher_mismatch(MPI.COMM_WORLD.Get_size())
     if mismatch is not None:
         raise click.UsageError(mismatch)
-    assign_device(Communicator(cuda_aware=False))  # GPU by local rank, before any probe allocates on one
-    comm = Communicator(check=check, cuda_aware=cuda_aware)
-    if nprocs is not None and comm.size != nprocs:
-        raise click.UsageError(f"-n {nprocs} was given but the MPI job has {comm.size} ranks")
-    return comm
+    plain = Communicator(cuda_aware=False)
+    if nprocs is not None and plain.size != nprocs:
+        raise click.UsageError(f"-n {nprocs} was given but the MPI job has {plain.size} ranks")
+    if configs:
+        agree_on_config(plain, configs)
+    assign_device(plain)  # GPU by local rank, before any probe allocates on one
+    return Communicator(check=check, cuda_aware=cuda_aware)
 
 
 def agree_on_config(comm, configs: Sequence[Any]) -> None:

@@ -19,7 +19,7 @@ from ..runtimes import check_servers, schemes_of
 from . import output
 from .options import (SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
                       pick_scheme_options, scheme_options, step_options, usage, validated, writable_dir)
-from .session import agree_on_config, maybe_relaunch, open_comm
+from .session import maybe_relaunch, open_comm
 
 __all__ = ["train"]
 
@@ -64,6 +64,9 @@ def _split_after(text: str | None) -> list[str]:
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
 @click.option("--overwrite-checkpoint", is_flag=True,
               help="Start afresh even if --checkpoint already holds a checkpoint (it is replaced).")
+@click.option("--max-skipped-steps", type=click.IntRange(min=0), default=100, show_default=True,
+              help="Stop with an error after this many consecutive skipped steps (non-finite gradient or "
+                   "update; 0: never).")
 @click.option("--mp-stages", type=click.IntRange(min=1), default=1, show_default=True,
               help="Pipeline (model-parallel) stages S; -n W runs W/S data-parallel replicas of the pipeline.")
 @click.option("--split-after", default=None, metavar="LAYER[,LAYER...]",
@@ -78,7 +81,7 @@ def _split_after(text: str | None) -> list[str]:
 @cuda_aware_option
 def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,
           weight_decay, bptt, clip, seed, device, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
-          checkpoint_dir, resume, overwrite_checkpoint, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
+          checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
           cuda_aware=None, **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
@@ -104,7 +107,9 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           checkpoint=None if checkpoint_dir is None else
                           (checkpoint_dir if len(schemes) == 1 else str(Path(checkpoint_dir) / s)),
                           resume=resume, scheme_options=dict(per_scheme[s]),
-                          diagnostics=diagnostics, servers=servers, mp=mp_cfg, device=device)
+                          diagnostics=diagnostics, servers=servers, mp=mp_cfg,
+                          check_collectives=check_collectives, cuda_aware=cuda_aware,
+                          max_skipped_steps=max_skipped_steps, device=device)
         cfgs.append(validated(cfg, nprocs))
     _check_data_dir(data, data_dir)
     usage(check_device_usable, device, need_torch=True)
@@ -114,8 +119,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
 
     from ..runtimes import train as run_train
 
-    comm = open_comm(nprocs, check=check_collectives, cuda_aware=cuda_aware)
-    agree_on_config(comm, cfgs)
+    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs)
     log = output.train_log(comm, csv_path, resume)
     steps: dict[str, list] = {}
     results = []

@@ -209,14 +209,19 @@ def read_cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
     Each record is 1 label byte followed by 3,072 pixel bytes: the red, green
     and blue 32x32 planes in turn, each row-major.
     """
-    raw = np.fromfile(path, dtype=np.uint8)
+    try:
+        raw = np.fromfile(path, dtype=np.uint8)
+    except OSError as e:
+        raise OSError(f"CIFAR-10 batch file {path} cannot be read: {e.strerror or e}") from None
     if raw.size == 0 or raw.size % _CIFAR_RECORD:
-        raise ValueError(f"{path}: size {raw.size} is not a positive multiple of the "
-                         f"{_CIFAR_RECORD}-byte CIFAR-10 record")
+        raise ValueError(f"CIFAR-10 batch file {path}: size {raw.size} is not a positive multiple of the "
+                         f"{_CIFAR_RECORD}-byte CIFAR-10 record (truncated or not a CIFAR-10 binary batch)")
     rec = raw.reshape(-1, _CIFAR_RECORD)
     labels = rec[:, 0].astype(np.int64)
     if labels.max() > 9:
-        raise ValueError(f"{path}: label byte {labels.max()} out of range 0..9")
+        bad = int(np.argmax(labels > 9))
+        raise ValueError(f"CIFAR-10 batch file {path}: record {bad} has label byte {labels[bad]}, out of "
+                         "range 0..9 (corrupt or not a CIFAR-10 binary batch)")
     return rec[:, 1:].reshape(-1, 3, 32, 32), labels
 
 
@@ -291,10 +296,14 @@ def _text_files(data_dir: str) -> tuple[str, str | None, str]:
 def _read_words(path: str) -> list[str]:
     """Whitespace tokens of every line, each line (blank ones included) ended by ``<eos>``."""
     words: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            words.extend(line.split())
-            words.append(EOS)
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                words.extend(line.split())
+                words.append(EOS)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"text corpus file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                         f"{e.start} of a line)") from None
     return words
 
 
@@ -313,6 +322,8 @@ def load_text(data_dir: str) -> Dataset:
     """
     train_p, valid_p, test_p = _text_files(data_dir)
     train_words = _read_words(train_p)
+    if len(train_words) - train_words.count(EOS) == 0:
+        raise ValueError(f"text corpus file {train_p} holds no words")
     word2idx: dict[str, int] = {}
     for w in train_words:
         if w not in word2idx:

@@ -201,9 +201,27 @@ class MPTrainer(TrainStep):
                 self.skipped_steps += 1
         else:
             with self.timer.phase("update"):
-                self.sgd.step()
+                if not self._local_step():
+                    self.skipped_steps += 1
         self.steps += 1
         return loss if self.last else None
+
+    def _local_step(self) -> bool:
+        """The optimizer's step without a data-parallel exchange, skipped (False) when a gradient is not
+        finite, undone (False) when it leaves a parameter non-finite."""
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+            self.sgd.zero_grad()
+            return False
+        saved = [p.detach().clone() for p in params]
+        self.sgd.step()
+        if bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+            return True
+        with torch.no_grad():
+            for p, v in zip(params, saved):
+                p.copy_(v)
+        return False
 
     # ------------------------------------------------------------ evaluation
     def evaluate_batches(self, batches) -> dict[str, float]:

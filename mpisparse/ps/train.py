@@ -13,8 +13,11 @@ data-parallel sharding over ``K`` workers) and per minibatch run forward,
 backward (the gradient is copied into a flat buffer; a non-finite gradient
 is replaced by zeros and counted in ``skipped_steps``), the local
 optimizer's step when the scheme trains locally (Plump-DP, Slim-DP: SGD
-with ``--momentum`` and ``--weight-decay``), then
-:meth:`~.worker.PSWorker.step` (push and pull when due).
+with ``--momentum`` and ``--weight-decay``; a step that leaves the model
+non-finite is undone and counted in ``skipped_steps``), then
+:meth:`~.worker.PSWorker.step` (push and pull when due; a pulled model
+that is not finite ends the run with an error).  ``--max-skipped-steps``
+skipped steps in a row end the run (:mod:`mpisparse.train.core`).
 
 Evaluation: at the end of each epoch but the last, worker 0 asks the
 servers for the model as they hold it (``GET``) and evaluates it on the
@@ -170,8 +173,16 @@ class WorkerStep(ModelStep):
                 p.grad = None
         if self.opt is not None and finite:
             with self.timer.phase("update"):
+                saved = self.w.copy()
                 self.opt.step()
+                if not np.isfinite(self.w).all():  # the local step overflowed: undo it, count it skipped
+                    self.w[...] = saved
+                    finite = False
         communicated = self.worker.step(self.w, g)
+        if communicated and not np.isfinite(self.w).all():
+            raise FloatingPointError(
+                f"worker {self.comm.rank}: the model pulled from the servers is not finite (the servers' "
+                "sum overflowed); the run cannot go on: lower --lr or set --clip")
         up, down, pushed = self.worker.log[-1] if communicated else (0, 0, 0)
         return StepOutcome(loss.item(), finite, pushed / self.layout.n, bytes=up, log={"bytes_down": down})
 

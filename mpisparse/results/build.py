@@ -9,6 +9,7 @@ collectives: every rank calls them and gets the same result.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 from typing import Any, Sequence
@@ -19,13 +20,23 @@ from ..timing import reduce_over_ranks
 from .provenance import provenance_block, rank_facts
 from .schema import RunResult
 
-__all__ = ["collective_result", "diagnostics_block", "peak_rss_bytes", "timing_fields"]
+__all__ = ["collective_result", "current_rss_bytes", "diagnostics_block", "peak_rss_bytes", "timing_fields"]
 
 
 def peak_rss_bytes() -> int:
     """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def current_rss_bytes() -> int:
+    """Resident memory of this process now (``/proc/self/statm``; elsewhere its peak so far)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
 
 
 def timing_fields(reduced: dict[str, dict[str, float]]) -> dict[str, Any]:

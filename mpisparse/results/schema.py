@@ -23,7 +23,7 @@ PS_KEYS = ("servers", "workers", "ps_mode", "shards", "communications", "bytes_u
 EXCHANGE_KEYS = ("exchange_seconds", "exchange_seconds_mean_over_ranks", "exchange_phases", "bytes_per_selected")
 
 _OPTIONAL = ("skipped_steps", "metrics", "diagnostics", "k", "layers", "gradient_buffer_bytes",
-             "peak_rss_bytes_per_rank", "provenance", "staging_copies_per_step")
+             "peak_rss_bytes_per_rank", "provenance", "staging_copies_per_step", "rss_bytes_at_step")
 
 
 @dataclass
@@ -78,9 +78,11 @@ class RunResult:
     Present when known
     ------------------
     ``skipped_steps``
-        ``train``: steps skipped because a gradient was not finite
-        (collective: the ranks agree; parameter server: summed over
-        workers; pipeline: max over ranks).
+        ``train``: steps skipped because a gradient, the exchanged update
+        or the updated parameters were not finite (the parameters are left
+        as they were; collective: the ranks agree; parameter server: summed
+        over workers; pipeline: max over ranks).  ``--max-skipped-steps``
+        consecutive ones stop the run with an error.
     ``metrics``
         ``train``: ``{"final": record, "per_epoch": [record, ...]}``; a
         record has ``epoch``, ``iteration`` (steps so far),
@@ -106,6 +108,13 @@ class RunResult:
         exchange buffers into and out of the communicator's pinned staging
         buffers).  All 0 with a CUDA-aware MPI.  Scalar reads a scheme makes
         on purpose (a threshold, a count) are not staging and not counted.
+
+    ``rss_bytes_at_step``
+        ``{"step": bytes}``, a rank's resident memory right after that
+        step, max over ranks; compare two steps to see whether memory
+        grows with steps.  ``bench step --rss-at``: the steps asked for
+        (warm-up steps counted); data-parallel ``train``: the last step of
+        each epoch of this run.
 
     Provenance (schema version 2 on)
     --------------------------------
@@ -175,6 +184,7 @@ class RunResult:
     gradient_buffer_bytes: int | None = None
     peak_rss_bytes_per_rank: int | None = None
     staging_copies_per_step: dict[str, float] | None = None
+    rss_bytes_at_step: dict[str, int] | None = None
     # -- provenance (schema version 2)
     provenance: dict[str, Any] | None = None
     # -- runtime-specific blocks

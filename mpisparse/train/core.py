@@ -5,7 +5,11 @@ what is not the runtime's own business: step timing, the per-step log and
 progress lines, the count of steps and of skipped (non-finite) steps,
 per-epoch evaluation and history, checkpoint and resume (SIGUSR1, sent by
 SLURM before the time limit, writes a checkpoint and ends the job with exit
-code 0), and at the end the runtime's result.
+code 0), and at the end the runtime's result.  ``--max-skipped-steps``
+skipped steps in a row end the run (:class:`NoProgress`); a resume whose
+configuration differs from the checkpoint's in more than
+:data:`mpisparse.config.RESUME_FREE_FIELDS` is refused before any step; what
+a killed save left in the checkpoint directory is removed at the start.
 
 A runtime hands it a step object (:class:`TrainStep`): what one batch does,
 how an epoch's train loss is reduced, how to evaluate, what to checkpoint
@@ -28,9 +32,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..results.build import current_rss_bytes
 from ..signals import early_usr1
 
-__all__ = ["LoopState", "Preempted", "StepOutcome", "TrainStep", "epoch_line", "mean_over_ranks", "run_loop"]
+__all__ = ["LoopState", "NoProgress", "Preempted", "StepOutcome", "TrainStep", "epoch_line", "mean_over_ranks",
+           "run_loop"]
 
 Progress = Callable[[str | None], None]
 
@@ -125,6 +131,8 @@ class LoopState:
     #: steps done (skipped ones included), over the whole run (a resumed run counts on)
     iteration: int = 0
     skipped: int = 0
+    #: skipped steps in a row up to now (``--max-skipped-steps`` of them stop the run)
+    consecutive_skipped: int = 0
     #: this rank's batch losses of the current epoch so far (checkpointed mid-epoch)
     losses: list[float] = field(default_factory=list)
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -132,10 +140,16 @@ class LoopState:
     #: this run's (not a resumed run's earlier) bytes per step and selected elements per counted step
     step_bytes: list[int] = field(default_factory=list)
     selected: list[float] = field(default_factory=list)
+    #: this rank's resident memory after each epoch of this run, by iteration (``str`` keys, as in JSON)
+    rss: dict[str, int] = field(default_factory=dict)
 
     def metrics(self) -> dict[str, Any]:
         """The result's ``metrics``: the last epoch's record and all of them."""
         return {"final": dict(self.history[-1]) if self.history else {}, "per_epoch": self.history}
+
+
+class NoProgress(RuntimeError):
+    """``--max-skipped-steps`` steps in a row were skipped: the run would go on without learning."""
 
 
 class Preempted(SystemExit):
@@ -188,16 +202,26 @@ def epoch_line(r: dict[str, Any], epochs: int) -> str:
 
 
 def _resume(comm, cfg, step: TrainStep, loop: LoopState) -> None:
+    from ..config import RESUME_FREE_FIELDS, config_differences, flat_fields
     from . import checkpoint
 
     common, mine = checkpoint.load(cfg.checkpoint, comm)
-    if common["config"]["model"] != cfg.model or common["config"]["scheme"] != cfg.scheme:
-        raise ValueError(
-            f"checkpoint in {cfg.checkpoint} is for model {common['config']['model']!r} with scheme "
-            f"{common['config']['scheme']!r}, not {cfg.model!r} with {cfg.scheme!r}")
+    saved = common.get("config")
+    if not isinstance(saved, dict):
+        raise checkpoint.CheckpointError(f"checkpoint in {cfg.checkpoint} holds no configuration to compare "
+                                         "this run with")
+    now = asdict(cfg)
+    diffs = config_differences(saved, now, ignore=RESUME_FREE_FIELDS)
+    if diffs:
+        flat_saved, flat_now = flat_fields(saved), flat_fields(now)
+        named = "; ".join(f"{k}: checkpoint has {flat_saved.get(k)!r}, this run has {flat_now.get(k)!r}"
+                          for k in diffs[:6])
+        raise ValueError(f"checkpoint in {cfg.checkpoint} was written by a different run ({named}); --resume "
+                         "continues the same run: only --epochs and output options may change")
     step.load_state(common, mine)
     pos = common["loop"]
     loop.epoch, loop.batch, loop.iteration, loop.skipped = pos["epoch"], pos["batch"], pos["iteration"], pos["skipped"]
+    loop.consecutive_skipped = int(pos.get("consecutive_skipped", 0))
     loop.losses = list(mine["loop_losses"]) if mine is not None else []  # another world size: a partial epoch
     loop.history = common["history"]
     loop.wall_offset = common["wall_seconds"]
@@ -208,10 +232,26 @@ def _save(comm, cfg, step: TrainStep, loop: LoopState, epoch: int, batch: int, w
 
     common, mine = step.state()
     common = {**common, "loop": {"epoch": epoch, "batch": batch, "iteration": loop.iteration,
-                                 "skipped": loop.skipped},
+                                 "skipped": loop.skipped, "consecutive_skipped": loop.consecutive_skipped},
               "history": loop.history, "wall_seconds": wall, "config": asdict(cfg)}
     mine = {**mine, "loop_losses": loop.losses if batch else []}
     checkpoint.save(cfg.checkpoint, comm, loop.iteration, common, mine)
+
+
+def _count_skip(cfg, loop: LoopState, stepped: bool, epoch: int, batch: int) -> None:
+    """Count a skipped step; ``cfg.max_skipped_steps`` in a row end the run with :class:`NoProgress`."""
+    if stepped:
+        loop.consecutive_skipped = 0
+        return
+    loop.skipped += 1
+    loop.consecutive_skipped += 1
+    limit = getattr(cfg, "max_skipped_steps", 0)
+    if limit and loop.consecutive_skipped >= limit:
+        raise NoProgress(
+            f"{loop.consecutive_skipped} steps in a row were skipped (a non-finite gradient, exchanged update "
+            f"or updated parameter), the last at epoch {epoch + 1} batch {batch + 1} (iteration "
+            f"{loop.iteration}); the run makes no progress: lower --lr, set --clip, or raise "
+            f"--max-skipped-steps (now {limit})")
 
 
 def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
@@ -224,6 +264,10 @@ def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
     if (cfg.checkpoint or cfg.resume) and not step.checkpointable:
         raise ValueError(f"--checkpoint/--resume are not supported for {step.description}")
     loop = LoopState()
+    if cfg.checkpoint:
+        from . import checkpoint
+
+        checkpoint.clean(cfg.checkpoint, comm)  # what a save killed half-way left
     if cfg.resume:
         if not cfg.checkpoint:
             raise ValueError("--resume needs --checkpoint DIR")
@@ -251,7 +295,7 @@ def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
                     out = step.train_batch(b, batch)
                 nbytes = step.bytes_sent() - before if out.bytes is None else out.bytes
                 loop.iteration += 1
-                loop.skipped += not out.stepped
+                _count_skip(cfg, loop, out.stepped, epoch, b)
                 out = step.after_batch(out, loop.iteration)
                 loop.step_bytes.append(nbytes)
                 if out.selected is not None:
@@ -271,6 +315,7 @@ def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
                     _save(comm, cfg, step, loop, epoch, b + 1, time.perf_counter() - t_start)
                     say(f"signal received: checkpoint written to {cfg.checkpoint}; stopping (continue with --resume)")
                     raise Preempted()
+            loop.rss[str(loop.iteration)] = current_rss_bytes()
             train_loss = step.epoch_loss(losses)
             test = step.evaluate(epoch)
             if step.keeps_history():

@@ -212,7 +212,14 @@ class CollectiveStep(ModelStep):
             config={**asdict(cfg), **{f"scheme.{k}": v for k, v in dopt.scheme.opts.items()}},
             diagnostics=self.diagnostics if cfg.diagnostics else None,
             staging=self.staging if cfg.device != "cpu" else None,
-            skipped_steps=dopt.skipped_steps, metrics=loop.metrics())
+            skipped_steps=dopt.skipped_steps, metrics=loop.metrics(),
+            rss_bytes_at_step=_max_over_ranks(self.comm, loop.rss))
+
+
+def _max_over_ranks(comm, rss: dict[str, int]) -> dict[str, int] | None:
+    """``{iteration: bytes}``, the max over ranks (every rank records the same iterations)."""
+    everyone = comm.allgather_obj(rss)
+    return {k: max(r.get(k, 0) for r in everyone) for k in rss} or None
 
 
 def run_training(comm, cfg: TrainConfig, *, progress: Callable[[str | None], None] | None = None,
