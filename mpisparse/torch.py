@@ -32,9 +32,10 @@ viewed zero-copy as an array of that device's array module through DLPack
 (:func:`mpisparse.backend.as_array`: NumPy for a CPU model, CuPy for a CUDA
 one); the scheme works on that array and keeps its state there, and its
 output is viewed back as a torch tensor (:func:`mpisparse.backend.to_torch`)
-and copied into ``.grad`` on the device.  The only host read of a step made
-here is the non-finite flag (one byte: whether this rank's gradient is
-finite), which the ranks then agree on with a 4-byte host Allreduce.  The
+and copied into ``.grad`` on the device.  The only host reads of a step made
+here are two non-finite flags (one byte each: whether this rank's gradient
+is finite, before the exchange, and whether the exchanged update is, after
+it), each agreed on by the ranks with a 4-byte host Allreduce.  The
 CPU path is the same code with NumPy as the array module.
 
 Phases: the copy into the fusion buffer and the local finite check are
@@ -133,7 +134,7 @@ class DistributedOptimizer:
             else:
                 view.copy_(p.grad.detach().reshape(view.shape))
         finite = backend.all_finite(self.buffer)  # on the buffer's device
-        self._flag[0] = 0 if bool(finite) else 1  # the step's one explicit host read (1 byte)
+        self._flag[0] = 0 if bool(finite) else 1  # an explicit host read (1 byte)
 
     def _all_finite(self) -> bool:
         """Agree over ranks (4-byte Allreduce, max) whether every rank's gradient is finite."""

@@ -241,7 +241,9 @@ def test_every_scheme_equals_the_cpu_run_and_copies_only_exchange_buffers(device
             assert a["staging_d2h"] == [0] * steps and a["staging_h2d"] == [0] * steps, key
             assert a["d2h_max_bytes"] <= SCALAR_BYTES, (key, a["d2h_max_bytes"])
             if scheme == "dense":
-                assert a["d2h"] == [0 if kind == "bench" else 1] * steps, key  # train: the finite flag
+                # train: two 1-byte flags, the gradient's finiteness (before the exchange) and the update's
+                # (after it: an overflowing sum is skipped on every rank)
+                assert a["d2h"] == [0 if kind == "bench" else 2] * steps, key
             # staging: exactly the exchange buffers on top, counted alike by the fake and the communicator
             want = [expected_staging_d2h(scheme.split("-")[0], rank, world, t) for t in range(steps)]
             assert s["staging_d2h"] == want, (key, rank, s["staging_d2h"], want)
