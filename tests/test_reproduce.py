@@ -259,7 +259,7 @@ def test_deft_speedup_runs_end_to_end_in_its_smallest_form(tmp_path):
     assert "claim vs measured" in proc.stdout and "| source | paper's claim |" in proc.stdout
     rep = json.loads(j.read_text())
     assert rep["target"] == "deft-speedup" and rep["size"] == "tiny" and rep["skipped"] is None
-    assert [c["source"] for c in rep["claims"]] == ["Fig. 9, Sec. 5.4", "Sec. 5.4, eq. 9"]
+    assert [c["source"] for c in rep["claims"]] == ["Fig. 9, Sec. 5.4", "Sec. 5.4, eq. 9", "Sec. 5.4 (bound)"]
     assert len(rep["commands"]) == 1 and rep["machine"]["cpu_count"] >= 1
 
 
