@@ -1,0 +1,243 @@
+"""``bin/gpu-check OUT_DIR``: verify the whole GPU path of a machine in one run.
+
+Installs nothing: assumes a CUDA GPU, a CUDA build of torch and CuPy are
+present (and mpisparse importable).  In one run it executes
+
+1. the GPU tests with skips turned into failures (``MPISPARSE_TEST_GPU=1``);
+2. ``mpisparse info -n 2`` (rank -> GPU mapping, CUDA-awareness);
+3. ``bench select --backend cupy`` on 25M float32 at density 0.001 (threshold
+   select vs one read, exact top-k vs ``torch.topk``, ``auto``'s pick);
+4. ``bench select --backend cupy --mode deft`` on ResNet-50 layers (DEFT's
+   per-rank selection and layer norms vs per-layer ``torch.topk`` and
+   ``torch.segment_reduce``);
+5. ``bench step -n 2 --device cuda`` on ResNet-50 shapes (dense, topk, cltk, deft);
+6. a short ``train -n 2 --device cuda`` of dense, topk, cltk and deft, and
+   the CPU run of deft with the same seed (accuracy within 0.5 points);
+
+and writes ``OUT_DIR/gpu-check.json`` and ``OUT_DIR/gpu-check.md``: the
+device, driver, CUDA, MPI, commit and date, each command with its exit code
+and time, and each target met or not.  Each command's own JSON stays in
+``OUT_DIR``.  About 5 to 10 minutes on one H100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["Check", "main", "plan", "summarise", "to_markdown"]
+
+#: accuracy (percentage points) a GPU run of deft may differ from the CPU run of the same seed
+ACCURACY_POINTS = 0.5
+TRAIN_SCHEMES = ("dense", "topk", "cltk", "deft")
+
+
+@dataclass
+class Check:
+    """One command of the check: what it runs, and (after running) how it ended."""
+
+    name: str
+    argv: list[str]
+    json: str | None = None
+    timeout: int = 300
+    env: dict[str, str] = field(default_factory=dict)
+    returncode: int | None = None
+    seconds: float = 0.0
+    tail: str = ""
+
+
+def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Check]:
+    """The commands of a check writing into ``out`` (a pure function: tests read it)."""
+    ms = [python, "-m", "mpisparse"]
+    j = lambda name: str(out / f"{name}.json")  # noqa: E731
+    checks = [
+        Check("gpu-tests", [python, "-m", "pytest", "tests", "-m", "gpu", "-q", "-rs"], env={"MPISPARSE_TEST_GPU": "1"},
+              timeout=240),
+        Check("info", [*ms, "info", "-n", "2", "--json", j("info")], json=j("info"), timeout=60),
+        Check("select", [*ms, "bench", "select", "--backend", "cupy", "--size", "25000000", "--density", "0.001",
+                         "--repeats", "20", "--json", j("select")], json=j("select")),
+        Check("select-deft", [*ms, "bench", "select", "--backend", "cupy", "--mode", "deft", "--model", "resnet50",
+                              "--worlds", "1,2,4,8", "--density", "0.01", "--json", j("select-deft")],
+              json=j("select-deft")),
+        Check("step", [*ms, "bench", "step", "-n", "2", "--device", "cuda", "--model", "resnet50",
+                       *[a for s in TRAIN_SCHEMES for a in ("--scheme", s)], "--density", "0.01", "--iters", "10",
+                       "--json", j("step")], json=j("step")),
+    ]
+    for s in TRAIN_SCHEMES:
+        checks.append(Check(f"train-cuda-{s}", [*ms, "train", "-n", "2", "--device", "cuda", "--scheme", s,
+                                                "--density", "0.01", "--epochs", str(epochs), "--seed", "0",
+                                                "--json", j(f"train-cuda-{s}")], json=j(f"train-cuda-{s}")))
+    checks.append(Check("train-cpu-deft", [*ms, "train", "-n", "2", "--device", "cpu", "--scheme", "deft",
+                                           "--density", "0.01", "--epochs", str(epochs), "--seed", "0",
+                                           "--json", j("train-cpu-deft")], json=j("train-cpu-deft")))
+    return checks
+
+
+def _load(check: Check) -> Any:
+    if check.json and Path(check.json).is_file():
+        return json.loads(Path(check.json).read_text())
+    return None
+
+
+def _accuracy(result: Any) -> float | None:
+    res = result[0] if isinstance(result, list) else result
+    try:
+        return 100.0 * float(res["metrics"]["final"]["test_accuracy"])
+    except (TypeError, KeyError):
+        return None
+
+
+def summarise(checks: Sequence[Check], results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every target: ``{"target", "measured", "met"}`` (``met`` None when its command gave no result)."""
+    rows: list[dict[str, Any]] = []
+    for c in checks:
+        if c.name in ("gpu-tests", "info"):
+            rows.append({"target": f"{c.name}: exit 0", "measured": f"exit {c.returncode}",
+                         "met": None if c.returncode is None else c.returncode == 0})
+    sel = results.get("select")
+    sel = sel[0] if isinstance(sel, list) and sel else sel
+    if isinstance(sel, dict):
+        for name, met in sel.get("targets", {}).items():
+            key = name.split(" ")[0]
+            rows.append({"target": f"select: {name}", "measured": f"{sel.get('ratios', {}).get(key, float('nan')):.2f}",
+                         "met": bool(met)})
+        auto = sel.get("auto", {})
+        if auto:
+            rows.append({"target": "select: auto picks the fastest top-k",
+                         "measured": f"picked {auto.get('picked')}, fastest {auto.get('fastest')}",
+                         "met": bool(auto.get("auto_is_fastest"))})
+        checks_ok = sel.get("checks", {})
+        if checks_ok:
+            rows.append({"target": "select: every top-k path exact", "measured": ", ".join(
+                f"{k} {'ok' if v else 'WRONG'}" for k, v in checks_ok.items()), "met": all(checks_ok.values())})
+    for r in results.get("select-deft") or []:
+        w = r.get("world_size")
+        if r.get("target_select_ms") is not None:
+            landed = 1e3 * float(r["deft_max_seconds"])
+            rows.append({"target": f"deft: selection W={w} <= {r['target_select_ms']:g} ms",
+                         "measured": f"{landed:.3f} ms (per-layer torch.topk {r.get('peer_topk_ms') or float('nan'):.3f})",
+                         "met": landed <= r["target_select_ms"]})
+        if r.get("target_norms_ms") is not None and w == 1:
+            rows.append({"target": f"deft: layer norms <= {r['target_norms_ms']:g} ms",
+                         "measured": f"{r['norms_ms']:.3f} ms (torch.segment_reduce {r.get('peer_norms_ms') or float('nan'):.3f})",
+                         "met": r["norms_ms"] <= r["target_norms_ms"]})
+    step = results.get("step")
+    if step is not None:
+        step = step if isinstance(step, list) else [step]
+        rows.append({"target": "bench step --device cuda: every scheme ran",
+                     "measured": ", ".join(f"{r['scheme']} {1e3 * r['step_seconds']:.2f} ms" for r in step),
+                     "met": {r["scheme"] for r in step} == set(TRAIN_SCHEMES)})
+    for s in TRAIN_SCHEMES:
+        acc = _accuracy(results.get(f"train-cuda-{s}"))
+        rows.append({"target": f"train --device cuda --scheme {s}: runs", "measured": "-" if acc is None else
+                     f"test accuracy {acc:.2f}%", "met": None if acc is None else True})
+    gpu, cpu = _accuracy(results.get("train-cuda-deft")), _accuracy(results.get("train-cpu-deft"))
+    rows.append({"target": f"deft on the GPU within {ACCURACY_POINTS} points of the CPU run (same seed)",
+                 "measured": "-" if gpu is None or cpu is None else f"{gpu:.2f}% vs {cpu:.2f}%",
+                 "met": None if gpu is None or cpu is None else abs(gpu - cpu) <= ACCURACY_POINTS})
+    return rows
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = ["# GPU check", "", f"`{report['command']}`", "",
+             "| | |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in m.items()]
+    lines += ["", "## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
+    verdict = {True: "yes", False: "**no**", None: "no result"}
+    lines += [f"| {r['target']} | {r['measured']} | {verdict[r['met']]} |" for r in report["targets"]]
+    lines += ["", "## Commands", "", "| step | exit | seconds | command |", "| --- | --- | --- | --- |"]
+    lines += [f"| {c['name']} | {c['returncode']} | {c['seconds']:.1f} | `{' '.join(c['argv'][1:])}` |"
+              for c in report["checks"]]
+    return "\n".join(lines) + "\n"
+
+
+def _capture(argv: Sequence[str]) -> str:
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """Device, driver, CUDA, MPI, commit and date (what the report is about)."""
+    info: dict[str, Any] = {"date (UTC)": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")}
+    info["device"] = _capture(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"])
+    info["driver"] = _capture(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    try:
+        import torch
+
+        info["torch"] = f"{torch.__version__} (CUDA {torch.version.cuda})"
+    except ImportError:
+        info["torch"] = "missing"
+    try:
+        import cupy
+
+        info["cupy"] = f"{cupy.__version__} (CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()})"
+    except Exception as e:  # noqa: BLE001 - reported, not fatal here
+        info["cupy"] = f"unusable: {e}"
+    info["mpi"] = _capture([sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import "
+                            "MPI; print(MPI.Get_library_version().splitlines()[0])"])
+    info["commit"] = _capture(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"])
+    return info
+
+
+def _gpu_missing() -> str | None:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA device"
+    except Exception as e:  # noqa: BLE001
+        return f"CuPy is not usable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "torch has no CUDA device (a CPU build of torch?)"
+    except ImportError:
+        return "torch is not installed"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bin/gpu-check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir", help="directory for gpu-check.json, gpu-check.md and each command's JSON")
+    ap.add_argument("--epochs", type=int, default=3, help="epochs of each short train run (default 3)")
+    args = ap.parse_args(argv)
+    missing = _gpu_missing()
+    if missing:
+        print(f"gpu-check: {missing}; this check needs a CUDA GPU with torch (CUDA build) and CuPy", file=sys.stderr)
+        return 2
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    checks = plan(out, epochs=args.epochs)
+    root = Path(__file__).resolve().parents[1]
+    results: dict[str, Any] = {}
+    for c in checks:
+        print(f"$ {' '.join(c.argv)}", flush=True)
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(c.argv, capture_output=True, text=True, timeout=c.timeout, cwd=root,
+                               env=dict(os.environ, **c.env))
+            c.returncode, c.tail = p.returncode, (p.stdout + p.stderr)[-3000:]
+        except subprocess.TimeoutExpired:
+            c.returncode, c.tail = 124, f"timed out after {c.timeout} s"
+        c.seconds = time.monotonic() - t0
+        print(f"  exit {c.returncode} in {c.seconds:.1f} s", flush=True)
+        results[c.name] = _load(c)
+    report = {"command": " ".join(["bin/gpu-check", *(argv if argv is not None else sys.argv[1:])]),
+              "machine": machine(), "targets": summarise(checks, results), "checks": [asdict(c) for c in checks]}
+    (out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
+    md = to_markdown(report)
+    (out / "gpu-check.md").write_text(md)
+    print(md)
+    return 0 if all(r["met"] for r in report["targets"] if r["target"].endswith("exit 0")) else 1
