@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 from conftest import HERE
 from mpisparse.gpucheck import Check, plan, summarise, to_markdown
