@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mpisparse.launch import build_mpiexec_command, find_mpiexec, has_remote_shell, launcher_flavor
@@ -52,6 +53,38 @@ def mpiexec_prefix(timeout: int = MPI_TIMEOUT) -> tuple[list[str], dict[str, str
     argv = plan.argv[: plan.argv.index(sys.executable)]
     del argv[1:3]  # "-n", "1"
     return argv, dict(plan.env)
+
+
+class SelfComm:
+    """A one-rank stand-in for the communicator in unit tests (no MPI): every collective returns this
+    rank's own data; device arrays pass through (``x.copy()`` on their own module)."""
+
+    rank, size, bytes_sent = 0, 1, 0
+
+    def __init__(self):
+        self.staging = {"d2h": 0, "h2d": 0, "d2h_bytes": 0, "h2d_bytes": 0}
+
+    def barrier(self):
+        pass
+
+    def bcast(self, x, root=0):
+        return x
+
+    def allgatherv(self, x, counts=None):
+        return x.copy(), np.array([x.size])
+
+    def allreduce(self, x, out=None, *, op="sum"):
+        if out is None:
+            return x.copy() if hasattr(x, "copy") else np.array(x, copy=True)
+        if out is not x:
+            out[...] = x
+        return out
+
+    def allgather_obj(self, obj):
+        return [obj]
+
+    def bcast_obj(self, obj, root=0):
+        return obj
 
 
 def mpi_script(name: str) -> str:

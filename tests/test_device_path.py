@@ -33,6 +33,7 @@ from mpisparse import backend
 from mpisparse.fusion import FusionLayout
 from mpisparse.schemes import create
 from mpisparse.timing import PhaseTimer
+from conftest import SelfComm  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not fakecupy.compiler_available(),
                                 reason="the CPU emulator of the CUDA kernels needs g++ (or $CXX)")
@@ -99,29 +100,6 @@ def test_backend_helpers_stay_on_the_device(cp_emu):
 
 
 # ----------------------------------------------------------------------------- state on the device
-class SelfComm:
-    """A one-rank stand-in for the communicator (device arrays pass through)."""
-
-    size, rank, bytes_sent = 1, 0, 0
-    staging = {"d2h": 0, "h2d": 0, "d2h_bytes": 0, "h2d_bytes": 0}
-
-    def bcast(self, x, root=0):
-        return x
-
-    def allgatherv(self, x, counts=None):
-        return x.copy(), np.array([x.size])
-
-    def allreduce(self, x, out=None, op="sum"):
-        if out is None:
-            return x.copy()
-        if out is not x:
-            out[...] = x
-        return out
-
-    def allgather_obj(self, obj):
-        return [obj]
-
-
 LAYOUT = FusionLayout([("a", (40, 30)), ("b", (30,)), ("c", (700,))])
 STATEFUL = [("topk", {}), ("threshold", {}), ("dgc", {"sample_fraction": 1.0}), ("cltk", {"beta": 0.5}),
             ("dct", {"lifespan": 3}), ("gtopk", {}), ("deft", {}), ("randomk", {})]

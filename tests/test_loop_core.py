@@ -9,19 +9,10 @@ import pytest
 
 pytest.importorskip("torch")  # checkpoints are torch files
 
+from conftest import SelfComm  # noqa: E402
 from mpisparse.config import TrainConfig  # noqa: E402
 from mpisparse.timing import PhaseTimer  # noqa: E402
 from mpisparse.train.core import Preempted, StepOutcome, TrainStep, run_loop  # noqa: E402
-
-
-class OneRank:
-    rank, size, bytes_sent = 0, 1, 0
-
-    def barrier(self):
-        pass
-
-    def allreduce(self, x, out=None, *, op="sum"):
-        return np.array(x, copy=True)
 
 
 class ToyStep(TrainStep):
@@ -70,13 +61,13 @@ class ToyStep(TrainStep):
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
 def test_signal_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     cfg = TrainConfig(epochs=3, checkpoint=str(tmp_path / "ck"))
-    full = run_loop(OneRank(), TrainConfig(epochs=3), ToyStep())
+    full = run_loop(SelfComm(), TrainConfig(epochs=3), ToyStep())
     assert full.skipped == 1 and full.iteration == 18 and len(full.selected) == 17
     with pytest.raises(Preempted) as stop:
-        run_loop(OneRank(), cfg, ToyStep(signal_at=9))  # epoch 2, batch 3: after the NaN step
+        run_loop(SelfComm(), cfg, ToyStep(signal_at=9))  # epoch 2, batch 3: after the NaN step
     assert stop.value.code == 0
     cfg.resume = True
-    resumed = run_loop(OneRank(), cfg, ToyStep())
+    resumed = run_loop(SelfComm(), cfg, ToyStep())
     assert resumed.history == [{**h, "wall_seconds": r["wall_seconds"]} for h, r in zip(full.history,
                                                                                       resumed.history)]
     assert resumed.iteration == 18 and resumed.skipped == 1
@@ -86,43 +77,43 @@ def test_a_step_that_cannot_checkpoint_is_refused(tmp_path):
     step = ToyStep()
     step.checkpointable, step.description = False, "the toy runtime"
     with pytest.raises(ValueError, match="not supported for the toy runtime"):
-        run_loop(OneRank(), TrainConfig(epochs=1, checkpoint=str(tmp_path)), step)
+        run_loop(SelfComm(), TrainConfig(epochs=1, checkpoint=str(tmp_path)), step)
 
 
-class OtherSize(OneRank):
+class OtherSize(SelfComm):
     """Rank 0 of a job of another size than the one that wrote the checkpoint."""
 
     size = 2
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
-@pytest.mark.parametrize("comm_after", [OneRank, OtherSize])
+@pytest.mark.parametrize("comm_after", [SelfComm, OtherSize])
 def test_a_resumed_epochs_loss_is_the_mean_over_the_steps_run(tmp_path, comm_after):
     """Same world size: the steps before the interruption count too; another size: only those after it."""
     cfg = TrainConfig(epochs=2, checkpoint=str(tmp_path / "ck"))
     before, after = [], []
     with pytest.raises(Preempted):
-        run_loop(OneRank(), cfg, ToyStep(signal_at=9), step_log=before.append)  # epoch 2, batch 3
+        run_loop(SelfComm(), cfg, ToyStep(signal_at=9), step_log=before.append)  # epoch 2, batch 3
     cfg.resume = True
     resumed = run_loop(comm_after(), cfg, ToyStep(), step_log=after.append)
 
     def losses(log):
         return [r["loss"] for r in log if r["epoch"] == 1]
 
-    run = (losses(before) if comm_after is OneRank else []) + losses(after)
+    run = (losses(before) if comm_after is SelfComm else []) + losses(after)
     assert len(losses(before)) == 3 and len(losses(after)) == 3  # batches 1-3 (one skipped), then 4-6
     assert resumed.history[1]["train_loss"] == pytest.approx(float(np.mean(run)), rel=1e-12)
 
 
 def test_a_resume_of_another_configuration_is_refused_before_any_step(tmp_path):
-    run_loop(OneRank(), TrainConfig(epochs=1, checkpoint=str(tmp_path / "ck")), ToyStep())
+    run_loop(SelfComm(), TrainConfig(epochs=1, checkpoint=str(tmp_path / "ck")), ToyStep())
     step = ToyStep()
     with pytest.raises(ValueError, match=r"different run \(lr: checkpoint has 0.1, this run has 0.2; "
                                          r"seed: checkpoint has 0, this run has 5\)"):
-        run_loop(OneRank(), TrainConfig(epochs=2, seed=5, lr=0.2, checkpoint=str(tmp_path / "ck"), resume=True),
+        run_loop(SelfComm(), TrainConfig(epochs=2, seed=5, lr=0.2, checkpoint=str(tmp_path / "ck"), resume=True),
                  step)
     assert step.seen == 0
     # --epochs, --diagnostics and --max-skipped-steps may change
-    loop = run_loop(OneRank(), TrainConfig(epochs=2, diagnostics=True, max_skipped_steps=3,
+    loop = run_loop(SelfComm(), TrainConfig(epochs=2, diagnostics=True, max_skipped_steps=3,
                                            checkpoint=str(tmp_path / "ck"), resume=True), ToyStep())
     assert loop.iteration == 12

@@ -5,15 +5,9 @@ import time
 
 import pytest
 
+from conftest import SelfComm  # noqa: E402
 from mpisparse.results.trace import trace_events, write_trace
 from mpisparse.timing import PhaseTimer
-
-
-class OneRank:
-    rank, size = 0, 1
-
-    def allgather_obj(self, obj):
-        return [obj]
 
 
 def check_trace(obj, ranks, steps, phases):
@@ -47,7 +41,7 @@ def test_a_traced_timer_writes_nested_phases(tmp_path):
             with timer.phase("exchange_values"):
                 time.sleep(0.001)
     path = tmp_path / "trace.json"
-    write_trace(path, OneRank(), timer)
+    write_trace(path, SelfComm(), timer)
     obj = json.loads(path.read_text())
     check_trace(obj, 1, 3, ["select", "exchange_values"])
     sel = [e for e in obj["traceEvents"] if e.get("name") == "select"]

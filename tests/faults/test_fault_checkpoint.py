@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import SelfComm  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -93,18 +94,12 @@ def test_reading_a_planted_file_directly_runs_nothing(tmp_path):
 def test_state_round_trips_as_data_only(tmp_path):
     from mpisparse.train import checkpoint
 
-    class OneRank:
-        rank, size = 0, 1
-
-        def barrier(self):
-            pass
-
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     state = {"model": model.state_dict(), "tau": np.float32(0.5), "taus": [1.0, 2.0], "pair": (1, "a"),
              "rng": np.random.default_rng(1).bit_generator.state, "residual": np.arange(4, dtype=np.float32),
              "torch_rng": torch.get_rng_state(), 0: {"momentum_buffer": torch.ones(2)}}
-    checkpoint.save(tmp_path, OneRank(), 7, state, {"scheme": {"u": np.ones(2, np.float64)}})
-    common, mine = checkpoint.load(tmp_path, OneRank())
+    checkpoint.save(tmp_path, SelfComm(), 7, state, {"scheme": {"u": np.ones(2, np.float64)}})
+    common, mine = checkpoint.load(tmp_path, SelfComm())
     assert common["tau"] == np.float32(0.5) and isinstance(common["tau"], np.float32)
     assert common["pair"] == (1, "a") and common["taus"] == [1.0, 2.0] and common[0]["momentum_buffer"].sum() == 2
     assert common["rng"] == state["rng"] and torch.equal(common["torch_rng"], state["torch_rng"])
@@ -112,14 +107,7 @@ def test_state_round_trips_as_data_only(tmp_path):
     assert mine["scheme"]["u"].dtype == np.float64
     model.load_state_dict(common["model"])
     with pytest.raises(TypeError, match=r"checkpoint state state\['bad'\]: a object cannot be stored"):
-        checkpoint.save(tmp_path, OneRank(), 8, {"bad": object()}, {})
-
-
-class OneRank:
-    rank, size = 0, 1
-
-    def barrier(self):
-        pass
+        checkpoint.save(tmp_path, SelfComm(), 8, {"bad": object()}, {})
 
 
 def test_a_truncated_rank_file_is_named(ck):
@@ -129,11 +117,11 @@ def test_a_truncated_rank_file_is_named(ck):
     data = target.read_bytes()
     target.write_bytes(data[: len(data) // 3])
     with pytest.raises(CheckpointError) as e:
-        load(ck, OneRank())
+        load(ck, SelfComm())
     assert str(e.value).startswith(f"checkpoint file {target} cannot be read (") and "\n" not in str(e.value)
     target.unlink()
     with pytest.raises(CheckpointError, match=f"checkpoint file {target} is missing"):
-        load(ck, OneRank())
+        load(ck, SelfComm())
 
 
 def test_latest_naming_a_missing_step_is_named(ck):
@@ -141,7 +129,7 @@ def test_latest_naming_a_missing_step_is_named(ck):
 
     (ck / "LATEST").write_text("step-000000999")
     with pytest.raises(CheckpointError, match=f"checkpoint file {ck / 'LATEST'} names 'step-000000999'"):
-        load(ck, OneRank())
+        load(ck, SelfComm())
 
 
 @pytest.mark.timeout(300)

@@ -19,6 +19,7 @@ import pytest
 
 from mpisparse.config import CLI_ONLY_OPTIONS, OPTION_FIELDS, BenchConfig, MPConfig, TrainConfig
 from mpisparse.registry import all_options
+from conftest import mpiexec_prefix  # noqa: E402
 
 
 def _field_names(cls) -> set[str]:
@@ -60,16 +61,6 @@ def test_allow_list_names_only_real_options():
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def mpiexec_prefix(timeout: int) -> tuple[list[str], dict[str, str]]:
-    """``mpiexec`` with the launcher's own options, without ``-n`` (for an MPMD command line)."""
-    from mpisparse.launch import build_mpiexec_command, find_mpiexec, has_remote_shell, launcher_flavor
-
-    mpiexec = find_mpiexec()
-    plan = build_mpiexec_command(1, [], mpiexec=mpiexec, flavor=launcher_flavor(mpiexec),
-                                 as_root=os.geteuid() == 0, timeout=timeout, remote_shell=has_remote_shell())
-    argv = plan.argv[: plan.argv.index(sys.executable)]
-    del argv[1:3]  # "-n", "1"
-    return argv, dict(plan.env)
 
 
 def _mpmd(rank0: list[str], rank1: list[str], timeout: int = 60) -> subprocess.CompletedProcess:

@@ -20,6 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from conftest import SelfComm  # noqa: E402
 from mpisparse.config import TrainConfig  # noqa: E402
 from mpisparse.timing import PhaseTimer  # noqa: E402
 from mpisparse.train.core import NoProgress, StepOutcome, TrainStep, run_loop  # noqa: E402
@@ -89,16 +90,6 @@ def test_max_skipped_steps_option_range():
 
 
 # --------------------------------------------------------------------------- the loop core's count
-class OneRank:
-    rank, size, bytes_sent = 0, 1, 0
-
-    def barrier(self):
-        pass
-
-    def allreduce(self, x, out=None, *, op="sum"):
-        return np.array(x, copy=True)
-
-
 class PatternStep(TrainStep):
     """Steps or skips as ``pattern(iteration)`` says (True: stepped)."""
 
@@ -128,10 +119,10 @@ class PatternStep(TrainStep):
 
 def test_consecutive_skips_stop_the_loop_and_a_step_resets_the_count():
     with pytest.raises(NoProgress, match=r"3 steps in a row were skipped.*epoch 1 batch 5 \(iteration 5\)"):
-        run_loop(OneRank(), TrainConfig(epochs=2, max_skipped_steps=3), PatternStep(lambda i: i < 3))
+        run_loop(SelfComm(), TrainConfig(epochs=2, max_skipped_steps=3), PatternStep(lambda i: i < 3))
     # every third step taken: never 3 in a row, 2/3 of 20 skipped, the run ends
-    loop = run_loop(OneRank(), TrainConfig(epochs=2, max_skipped_steps=3), PatternStep(lambda i: i % 3 == 0))
+    loop = run_loop(SelfComm(), TrainConfig(epochs=2, max_skipped_steps=3), PatternStep(lambda i: i % 3 == 0))
     assert loop.iteration == 20 and loop.skipped == 14 and loop.consecutive_skipped == 2
     # 0: never stop
-    loop = run_loop(OneRank(), TrainConfig(epochs=2, max_skipped_steps=0), PatternStep(lambda i: False))
+    loop = run_loop(SelfComm(), TrainConfig(epochs=2, max_skipped_steps=0), PatternStep(lambda i: False))
     assert loop.skipped == 20
