@@ -28,16 +28,14 @@ MPI (``tests/test_torch_dist.py``).
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from . import backend
-from .comm import CallStats, check_dtype
+from .comm import CallStats, Communicator, check_dtype
 from .fusion import FusionLayout
 
 __all__ = ["HookState", "TorchDistCommunicator", "comm_hook"]
@@ -70,27 +68,13 @@ class TorchDistCommunicator:
         self.check = False
         self.stats: dict[str, CallStats] = {}
 
-    # ------------------------------------------------------------------ stats
-    @property
-    def bytes_sent(self) -> int:
-        return sum(s.bytes for s in self.stats.values())
-
-    @contextmanager
-    def _timed(self, op: str, nbytes: int) -> Iterator[None]:
-        t0 = time.perf_counter()
-        yield
-        s = self.stats.setdefault(op, CallStats())
-        s.calls += 1
-        s.bytes += int(nbytes)
-        s.seconds += time.perf_counter() - t0
-
-    def _ring_allreduce_bytes(self, nbytes: int) -> int:
-        return 2 * (self.size - 1) * nbytes // self.size
-
-    def _ring_allgather_bytes(self, block_bytes: Sequence[int]) -> int:
-        if self.size == 1:
-            return 0
-        return int(sum(block_bytes)) - int(block_bytes[(self.rank + 1) % self.size])
+    # the counters and the byte model are the MPI communicator's own (one place for both)
+    bytes_sent = Communicator.bytes_sent
+    _record = Communicator._record
+    _timed = Communicator._timed
+    _ring_allreduce_bytes = Communicator.ring_allreduce_bytes
+    _ring_allgather_bytes = Communicator.ring_allgather_bytes
+    _chain_bcast_bytes = Communicator.chain_bcast_bytes
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, x, out=None, *, op: str = "sum"):
@@ -109,8 +93,7 @@ class TorchDistCommunicator:
         """Broadcast ``x`` from ``root`` in place; returns ``x``."""
         check_dtype(x, reduce=False)
         nbytes = int(x.size) * np.dtype(x.dtype).itemsize
-        sent = nbytes if (self.rank - root) % self.size < self.size - 1 else 0
-        with self._timed("bcast", sent):
+        with self._timed("bcast", self._chain_bcast_bytes(nbytes, root)):
             dist.broadcast(_tensor(x), src=root, group=self.group)
         return x
 
