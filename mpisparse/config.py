@@ -70,6 +70,16 @@ def _scheme(name: str, flag: str = "--scheme") -> type[SchemeBase]:
         raise ValueError(f"{flag}: {e}") from None
 
 
+def _hierarchical(cls: type[SchemeBase], on: bool) -> None:
+    _bool("--hierarchical", on)
+    if on and not cls.hierarchical:
+        from .registry import SCHEMES
+
+        ok = ", ".join(sorted(n for n, c in SCHEMES.items() if c.hierarchical))
+        raise ValueError(f"--hierarchical does not apply to scheme {cls.name!r} (its exchange is not only "
+                         f"Allreduce/Bcast/Allgatherv); allowed: {ok}")
+
+
 def _world(cls: type[SchemeBase], world: int | None) -> None:
     if world is not None and world < cls.min_world_size:
         raise ValueError(f"scheme {cls.name!r} needs at least {cls.min_world_size} ranks; -n is {world}")
@@ -135,6 +145,8 @@ class TrainConfig:
     device: str = "cpu"
     #: ``--check-collectives``: every collective first checks its counts and dtypes across ranks (debug)
     check_collectives: bool = False
+    #: ``--hierarchical``: two-level collectives (within each host, then one rank per host across hosts)
+    hierarchical: bool = False
     #: ``--cuda-aware/--no-cuda-aware``: hand device buffers to MPI or stage them; None: decided at start-up
     cuda_aware: bool | None = None
     #: ``--max-skipped-steps``: stop with an error after this many consecutive skipped steps (0: never)
@@ -168,6 +180,7 @@ class TrainConfig:
         _bool("--resume", self.resume)
         _bool("--diagnostics", self.diagnostics)
         _bool("--check-collectives", self.check_collectives)
+        _hierarchical(cls, self.hierarchical)
         _optional_bool("--cuda-aware", self.cuda_aware)
         _int("--max-skipped-steps", self.max_skipped_steps, 0)
         if self.resume and not self.checkpoint:
@@ -202,6 +215,8 @@ class BenchConfig:
     device: str = "cpu"
     #: ``--check-collectives``: every collective first checks its counts and dtypes across ranks (debug)
     check_collectives: bool = False
+    #: ``--hierarchical``: two-level collectives (within each host, then one rank per host across hosts)
+    hierarchical: bool = False
     #: ``--cuda-aware/--no-cuda-aware``: hand device buffers to MPI or stage them; None: decided at start-up
     cuda_aware: bool | None = None
     #: ``--rss-at``: steps (counted from the first, warm-up included) after which each rank's resident
@@ -226,6 +241,7 @@ class BenchConfig:
         _bool("memory", self.memory)
         _bool("--diagnostics", self.diagnostics)
         _bool("--check-collectives", self.check_collectives)
+        _hierarchical(cls, self.hierarchical)
         _optional_bool("--cuda-aware", self.cuda_aware)
         if not isinstance(self.rss_at, (list, tuple)) or not all(
                 isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= self.warmup + self.iters
@@ -269,7 +285,7 @@ OPTION_FIELDS: dict[str, str] = {
 #: ``train`` fields a run resumed from a checkpoint may change: how long it runs, where it writes,
 #: and options that only observe or check (everything else must equal the checkpoint's configuration)
 RESUME_FREE_FIELDS = ("epochs", "checkpoint", "resume", "data_dir", "diagnostics", "check_collectives",
-                      "cuda_aware", "max_skipped_steps")
+                      "cuda_aware", "max_skipped_steps", "hierarchical")
 
 
 class ConfigMismatch(RuntimeError):

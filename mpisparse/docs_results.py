@@ -63,6 +63,8 @@ class Run:
     out_options: dict[str, str] = field(default_factory=dict)
     #: ``bin/emucluster run --stats-json OUT/<label>-links.json``
     link_stats: bool = False
+    #: ``bin/emucluster run --ranks-per-host P`` (ranks per emulated host)
+    ranks_per_host: int = 1
 
     def argv(self, python: str, out: str) -> list[str]:
         """The command line, with ``out`` as the output directory."""
@@ -74,6 +76,8 @@ class Run:
             return [python, "-m", "mpisparse", *tail]
         hosts, rate = self.emucluster
         pre = ["bin/emucluster", "run", str(hosts), "--rate", rate]
+        if self.ranks_per_host != 1:
+            pre += ["--ranks-per-host", str(self.ranks_per_host)]
         if self.link_stats:
             pre += ["--stats-json", f"{out}/{self.label}-links.json"]
         return [*pre, "--", "mpisparse", *tail]
@@ -638,6 +642,55 @@ _table(Table(
                         for m, d in ((("ncf", "0.01"),) if quick else
                                      (("resnet50", "0.01"), ("resnet50", "0.001")))],
     render=_emucluster_render,
+    unavailable=_emucluster_unavailable,
+))
+
+
+HIER_SCHEMES = ("dense", "cltk", "topk", "deft")
+
+
+def _hierarchical_render(res: dict[str, Any], quick: bool) -> str:
+    rows = []
+    for scheme in HIER_SCHEMES:
+        pair = []
+        for mode in ("flat", "hierarchical"):
+            label = f"{scheme}-{mode}"
+            if label not in res:
+                break
+            r = _as_list(res[label])[0]
+            sent = _link_bytes_sent(res.get(label + "-links")) or []
+            steps = int(r.get("config", {}).get("iters", 0)) + int(r.get("config", {}).get("warmup", 0))
+            pair.append((r, max(sent) / steps if sent and steps else None))
+        if len(pair) != 2:
+            continue
+        (f, fw), (h, hw) = pair
+        rows.append([f"`{scheme}`", _ms(f["step_seconds"], 1), _ms(h["step_seconds"], 1),
+                     _int(fw) if fw else "—", _int(hw) if hw else "—",
+                     f"{hw / fw:.2f}" if fw and hw else "—",
+                     _int(h.get("hierarchy", {}).get("cross_host_bytes_per_step"))])
+    r0 = _as_list(res[f"{HIER_SCHEMES[0]}-flat"])[0] if f"{HIER_SCHEMES[0]}-flat" in res else {}
+    head = (f"{r0.get('config', {}).get('model')}, density {r0.get('density_target')}, "
+            f"W = {r0.get('world_size')} as 2 hosts x 2 ranks\n\n") if r0 else ""
+    return head + md_table(["scheme", "flat step ms", "hierarchical step ms", "flat: busiest link B/step",
+                            "hierarchical: busiest link B/step", "link bytes ratio",
+                            "model: cross-host B/step (all hosts)"], rows) + (
+        "\n\nLink bytes: what the busiest host's link sent during the job (`bin/emucluster --stats-json`, "
+        "headers and start-up included) divided by the job's steps. Step times: the slowest rank; every "
+        "emulated host shares this machine's cores, so compute phases vary with its load.")
+
+
+_table(Table(
+    name="hierarchical",
+    title="Hierarchical exchange on 2 emulated hosts x 2 ranks (`--hierarchical`)",
+    about=("`bench step` with and without `--hierarchical` on 2 emulated hosts of 2 ranks each (links of "
+           "1 Gbit/s; ranks of one host talk over its loopback): the bytes that cross the host links and the "
+           "step time ([schemes.md](../schemes.md#hierarchical-exchange))."),
+    runs=lambda quick: [Run(f"{s}-{mode}", ["bench", "step", "--model", "ncf" if quick else "resnet18",
+                                            "--scheme", s, "--density", "0.01", "--iters", "2" if quick else "6",
+                                            "--warmup", "0"] + (["--hierarchical"] if mode == "hierarchical" else []),
+                            emucluster=(2, "1gbit"), ranks_per_host=2, link_stats=True)
+                        for s in HIER_SCHEMES for mode in ("flat", "hierarchical")],
+    render=_hierarchical_render,
     unavailable=_emucluster_unavailable,
 ))
 

@@ -100,6 +100,8 @@ class SchemeBase:
     options: ClassVar[tuple[SchemeOption, ...]] = ()
     #: ranks the scheme needs at least (e.g. a parameter server needs 2)
     min_world_size: ClassVar[int] = 1
+    #: whether ``--hierarchical`` (two-level collectives, :mod:`mpisparse.hierarchy`) keeps this scheme's math
+    hierarchical: ClassVar[bool] = False
     #: the runtime that runs it (a key of :data:`mpisparse.runtimes.RUNTIMES`), set by each runtime's base class
     runtime: ClassVar[str] = ""
 

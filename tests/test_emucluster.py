@@ -96,6 +96,9 @@ def test_help_says_what_it_needs():
     (["up", "2", "--rate", "fast"], "emucluster: --rate is 'fast'; allowed: a tc rate such as 100mbit, 1gbit, 10gbit"),
     (["up", "2", "--instance", "100"], "emucluster: --instance is '100'; allowed: an integer in 0..99"),
     (["frobnicate"], "emucluster: unknown command 'frobnicate' (up, run, down, status; --help)"),
+    (["run", "2", "--ranks-per-host", "0", "--", "true"],
+     "emucluster: --ranks-per-host is '0'; allowed: an integer in 1..64"),
+    (["up", "2", "--ranks-per-host", "2"], "emucluster: --ranks-per-host belongs to run"),
 ])
 def test_bad_arguments_are_one_line_errors(args, message):
     p = subprocess.run([EMU, *args], capture_output=True, text=True)
@@ -175,6 +178,22 @@ def test_ranks_run_on_distinct_hosts(clean, tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     assert "world size       2" in p.stdout
     assert f"host mh{INSTANCE}-1" in p.stdout and f"host mh{INSTANCE}-2" in p.stdout
+    assert leftovers() == []
+
+
+@needs_netns
+@pytest.mark.mpi
+def test_hierarchical_groups_ranks_by_emulated_host(clean, tmp_path):
+    """2 hosts x 2 ranks: --hierarchical finds the hosts by name; its leaders alone cross the links."""
+    out = tmp_path / "r.json"
+    p = emu("run", "2", "--ranks-per-host", "2", "--instance", INSTANCE, "--timeout", "120", "--",
+            "mpisparse", "bench", "step", "--model", "ncf", "--scheme", "cltk", "--density", "0.01", "--iters", "1",
+            "--warmup", "0", "--hierarchical", "--json", str(out), timeout=180)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out.read_text())
+    assert res["world_size"] == 4
+    assert res["hierarchy"]["hosts"] == 2 and res["hierarchy"]["ranks_per_host"] == [2, 2]
+    assert 0 < res["hierarchy"]["cross_host_bytes_per_step"]
     assert leftovers() == []
 
 

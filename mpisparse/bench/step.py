@@ -43,6 +43,7 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     on_device = grad is not drawn
     staging: list[dict[str, int]] = []
     step_bytes: list[int] = []
+    cross_bytes: list[int] = []  # bytes that left the host (``--hierarchical``)
     selected: list[int] = []
     diags: list[dict[str, float]] = []
     rss_at, rss = set(cfg.rss_at), {}
@@ -53,10 +54,12 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
             grad.set(drawn)  # host -> device, before the step (untimed)
         comm.barrier()  # align the ranks' starts: each rank's step time is then comparable
         before, staged = comm.bytes_sent, dict(comm.staging)
+        cross_before = getattr(comm, "cross_host_bytes", 0)
         with timer.step():
             sch.step(grad)
         if timer.recording:
             step_bytes.append(comm.bytes_sent - before)
+            cross_bytes.append(getattr(comm, "cross_host_bytes", 0) - cross_before)
             staging.append({k: comm.staging[k] - staged[k] for k in staged})
             selected.append(sch.selected_global())
             if diagnostics:
@@ -69,11 +72,17 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
         everyone = comm.allgather_obj(rss)
         rss = {str(k): max(r[k] for r in everyone) for k in sorted(rss)}
 
+    hierarchy = None
+    if hasattr(comm, "cross_host_bytes"):  # two-level collectives: what crossed the host links
+        per_rank = comm.allgather_obj(sum(cross_bytes) / max(len(cross_bytes), 1))
+        hierarchy = {"hosts": comm.num_hosts, "ranks_per_host": [len(r) for r in comm.host_ranks],
+                     "cross_host_bytes_per_step": float(sum(per_rank))}
     return collective_result(
         comm, scheme=scheme, density_target=density, timer=timer, step_bytes=step_bytes, selected=selected,
         n=layout.n, memory=True, k=sch.k, layers=len(layout), diagnostics=diags if diagnostics else None,
         staging=staging if on_device else None,
-        rss_bytes_at_step=rss or None,
+        rss_bytes_at_step=rss or None, hierarchy=hierarchy,
         config={"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
                 "seed": seed, "memory": memory, "diagnostics": diagnostics, "device": cfg.device,
                 **({"rss_at": list(cfg.rss_at)} if cfg.rss_at else {}), **sch.opts})
+

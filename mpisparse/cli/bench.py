@@ -67,7 +67,7 @@ def _steps(value: str) -> list[int]:
 @cuda_aware_option
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
                check_collectives, diagnostics, json_path, csv_path, plot_path, rss_at, servers, cuda_aware=None,
-               **scheme_opts) -> None:
+               hierarchical=False, **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
     per_scheme = pick_scheme_options(schemes, scheme_opts)
@@ -75,7 +75,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
     cfgs = [validated(BenchConfig(model=model, scheme=s, density=density, iters=iters, warmup=warmup, seed=seed,
                                   memory=not no_memory, scheme_options=dict(per_scheme[s]),
                                   diagnostics=diagnostics, servers=servers, check_collectives=check_collectives,
-                                  cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device), nprocs)
+                                  hierarchical=hierarchical, cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device), nprocs)
             for s in schemes]
     usage(check_device_usable, device, need_torch=False)
     check_plot(plot_path)
@@ -83,7 +83,8 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
 
     from ..runtimes import bench_step as run_bench_step
 
-    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs)
+    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs,
+                     hierarchical=cfgs[0].hierarchical)
     results = []
     for cfg in cfgs:
         res = run_bench_step(comm, cfg, progress=output.progress(comm, f"{cfg.scheme}: step"))
@@ -114,7 +115,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
 @scheme_options
 @cuda_aware_option
 def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, seed, no_memory, check_collectives,
-                   servers, json_path, csv_path, plot_path, cuda_aware=None, **scheme_opts) -> None:
+                   servers, json_path, csv_path, plot_path, cuda_aware=None, hierarchical=False, **scheme_opts) -> None:
     """Time each scheme's exchange alone (indices + values, or push + pull) against density, at this W.
 
     The scheme runs its steps on bench-step gradients; only the phases that
@@ -126,7 +127,7 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
     servers_n = usage(check_servers, schemes, servers)
     cfgs = [validated(BenchConfig(model=model, scheme=s, density=d, iters=iters, warmup=warmup, seed=seed,
                                   memory=not no_memory, scheme_options=dict(per_scheme[s]), servers=servers_n,
-                                  check_collectives=check_collectives, cuda_aware=cuda_aware),
+                                  check_collectives=check_collectives, hierarchical=hierarchical, cuda_aware=cuda_aware),
                       nprocs)
             for s in schemes for d in densities]
     per_scheme = {c.scheme: c.scheme_options for c in cfgs}
@@ -135,7 +136,8 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
 
     from ..bench.exchange import run_exchange_bench
 
-    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs)
+    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs,
+                     hierarchical=cfgs[0].hierarchical)
     progress = output.progress(comm, "exchange")
     results = run_exchange_bench(
         comm, model=model, schemes=schemes, densities=densities, iters=iters, warmup=warmup, seed=seed,

@@ -68,11 +68,14 @@ def output_options(json_help: str, csv_help: str, plot_help: str) -> Callable[[C
 
 
 def step_options(f: Callable) -> Callable:
-    """``--no-memory``, ``--check-collectives`` and ``--servers``: how the steps of any scheme run."""
+    """``--no-memory``, ``--hierarchical``, ``--check-collectives`` and ``--servers``: how the steps of any scheme run."""
     f = click.option("--servers", type=click.IntRange(min=1), default=None, metavar="S",
                      help="Parameter-server schemes: the last S ranks serve, the others are workers [1].")(f)
     f = click.option("--check-collectives", is_flag=True,
                      help="Debug: verify every collective's counts and dtypes agree across ranks.")(f)
+    f = click.option("--hierarchical", is_flag=True,
+                     help="Combine within each host first; one rank per host exchanges across hosts "
+                          "(docs/schemes.md#hierarchical-exchange).")(f)
     f = click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")(f)
     return f
 

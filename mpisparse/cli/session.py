@@ -38,14 +38,15 @@ def maybe_relaunch(nprocs: int | None, timeout: int | None) -> bool:
 
 
 def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None = None, *,
-              configs: Sequence[Any] = ()):
+              configs: Sequence[Any] = (), hierarchical: bool = False):
     """The communicator a command runs on; ``configs`` are first compared across ranks.
 
     A launcher that started processes MPI does not see as one job is refused
     first (each would train alone).  The comparison runs on a plain
     communicator, before ``check`` or ``cuda_aware`` (which are part of the
     configurations) change how any collective runs: ranks that disagree on
-    them fail instead of hanging.
+    them fail instead of hanging.  ``hierarchical``: two-level collectives
+    (:class:`mpisparse.hierarchy.HierarchicalCommunicator`).
     """
     from mpi4py import MPI
 
@@ -61,7 +62,12 @@ def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None =
     if configs:
         agree_on_config(plain, configs)
     assign_device(plain)  # GPU by local rank, before any probe allocates on one
-    return Communicator(check=check, cuda_aware=cuda_aware)
+    comm = Communicator(check=check, cuda_aware=cuda_aware)
+    if hierarchical:
+        from ..hierarchy import HierarchicalCommunicator
+
+        comm = HierarchicalCommunicator(comm)
+    return comm
 
 
 def agree_on_config(comm, configs: Sequence[Any]) -> None:

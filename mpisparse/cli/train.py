@@ -82,7 +82,7 @@ def _split_after(text: str | None) -> list[str]:
 def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,
           weight_decay, bptt, clip, seed, device, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
           checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
-          cuda_aware=None, **scheme_opts) -> None:
+          cuda_aware=None, hierarchical=False, **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
     With --mp-stages S the model is split into S pipeline stages; --scheme
@@ -108,7 +108,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           (checkpoint_dir if len(schemes) == 1 else str(Path(checkpoint_dir) / s)),
                           resume=resume, scheme_options=dict(per_scheme[s]),
                           diagnostics=diagnostics, servers=servers, mp=mp_cfg,
-                          check_collectives=check_collectives, cuda_aware=cuda_aware,
+                          check_collectives=check_collectives, hierarchical=hierarchical, cuda_aware=cuda_aware,
                           max_skipped_steps=max_skipped_steps, device=device)
         cfgs.append(validated(cfg, nprocs))
     _check_data_dir(data, data_dir)
@@ -119,7 +119,8 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
 
     from ..runtimes import train as run_train
 
-    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs)
+    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs,
+                     hierarchical=cfgs[0].hierarchical)
     log = output.train_log(comm, csv_path, resume)
     steps: dict[str, list] = {}
     results = []

@@ -23,7 +23,8 @@ PS_KEYS = ("servers", "workers", "ps_mode", "shards", "communications", "bytes_u
 EXCHANGE_KEYS = ("exchange_seconds", "exchange_seconds_mean_over_ranks", "exchange_phases", "bytes_per_selected")
 
 _OPTIONAL = ("skipped_steps", "metrics", "diagnostics", "k", "layers", "gradient_buffer_bytes",
-             "peak_rss_bytes_per_rank", "provenance", "staging_copies_per_step", "rss_bytes_at_step")
+             "peak_rss_bytes_per_rank", "provenance", "staging_copies_per_step", "rss_bytes_at_step",
+             "hierarchy")
 
 
 @dataclass
@@ -115,6 +116,11 @@ class RunResult:
         grows with steps.  ``bench step --rss-at``: the steps asked for
         (warm-up steps counted); data-parallel ``train``: the last step of
         each epoch of this run.
+    ``hierarchy``
+        ``--hierarchical`` runs (``bench step``): ``hosts``, ``ranks_per_host``
+        (a list, one entry per host) and ``cross_host_bytes_per_step`` (the
+        bytes leaving their host per timed step, all hosts together, by the
+        byte model of :mod:`mpisparse.comm`).
 
     Provenance (schema version 2 on)
     --------------------------------
@@ -185,6 +191,7 @@ class RunResult:
     peak_rss_bytes_per_rank: int | None = None
     staging_copies_per_step: dict[str, float] | None = None
     rss_bytes_at_step: dict[str, int] | None = None
+    hierarchy: dict[str, Any] | None = None
     # -- provenance (schema version 2)
     provenance: dict[str, Any] | None = None
     # -- runtime-specific blocks

@@ -44,6 +44,8 @@ class CollectiveScheme(SchemeBase):
     #: the scheme applies momentum itself (DGC's momentum correction): the
     #: optimizer then runs without momentum
     provides_momentum: ClassVar[bool] = False
+    #: exchanges only through Allreduce, Bcast and Allgatherv, whose two-level forms give the same result
+    hierarchical: ClassVar[bool] = True
 
     def __init__(self, comm, layout: FusionLayout, density: float, *, memory: bool = True,
                  timer: PhaseTimer | None = None, seed: int = 0, **options: Any):

@@ -183,6 +183,10 @@ def gtopk_bytes(rank: int, world: int, k: int, index_itemsize: int = 4) -> int:
 class GTopK(Scheme):
     """gTop-k S-SGD (Shi et al. 2019): the same global top-k set on every rank."""
 
+    #: its tree pairs ranks point-to-point and each merge decides which values survive: a host-aware
+    #: pairing would change the result, so ``--hierarchical`` does not apply
+    hierarchical = False
+
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self._scratch = None
