@@ -102,8 +102,12 @@ def all_finite(x: Any):
     return array_module(x).isfinite(x).all()
 
 
-def scatter_sum(out, indices, values, counts, scale: float) -> None:
+def scatter_sum(out, indices, values, counts, scale: float, *, clear=None) -> None:
     """``out = scale * sum_r sparse(indices_r, values_r)`` on ``out``'s array module.
+
+    ``clear``: on the host, the indices of every non-zero ``out`` holds now
+    (what the previous call wrote): only they are zeroed instead of the
+    whole vector (a sparse step then never passes over all of ``out``).
 
     ``counts`` (host integers) splits ``indices``/``values`` into per-rank
     blocks whose indices are distinct, so each block is a plain fancy-index
@@ -113,7 +117,10 @@ def scatter_sum(out, indices, values, counts, scale: float) -> None:
     if is_device_array(out):
         kernels(out).scatter_sum(out, indices, values, counts, scale)
         return
-    out.fill(0)
+    if clear is None:
+        out.fill(0)
+    else:
+        out[clear] = 0
     start = 0
     for c in counts:
         c = int(c)

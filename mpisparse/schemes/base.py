@@ -99,6 +99,35 @@ class CollectiveScheme(SchemeBase):
     def _step(self, grad):
         raise NotImplementedError
 
+    def compensate_topk(self, grad, k: int):
+        """``acc`` (the compensated vector) and the indices of its ``k`` largest magnitudes, timed as
+        ``compensate`` and ``select``.
+
+        With residual error feedback on host float arrays and numba installed,
+        compensation and the candidate search are one fused pass over memory
+        (:mod:`mpisparse.backend.fused`; ``compensate`` then also holds the
+        candidate search, ``select`` the exact pick among the candidates).
+        Otherwise the two plain steps.  The same index set and residual either way.
+        """
+        from ..backend import fused
+        from ..memory import ResidualMemory
+
+        mem = self.memory
+        if self._scratch is None:
+            self._scratch = self.xp.empty(self.n, dtype=grad.dtype)
+        if (type(mem) is ResidualMemory and isinstance(grad, np.ndarray) and fused.enabled()
+                and grad.dtype.kind == "f"):
+            with self.phase("compensate"):
+                if mem.residual is None:
+                    mem.residual = np.zeros_like(grad)
+                cand = fused.compensate_candidates(mem.residual, grad, k)
+            with self.phase("select"):
+                return mem.residual, fused.topk_from_candidates(mem.residual, cand, k, scratch=self._scratch)
+        with self.phase("compensate"):
+            acc = mem.compensate(grad)
+        with self.phase("select"):
+            return acc, backend.topk_abs(acc, k, scratch=self._scratch)
+
     def selected_global(self) -> int:
         """Distinct indices selected over all ranks in the last step."""
         raise NotImplementedError
@@ -153,11 +182,16 @@ class SparseGatherScheme(CollectiveScheme):
     def select(self, acc) -> np.ndarray:
         raise NotImplementedError
 
-    def _step(self, grad):
+    def compensate_select(self, grad):
+        """``(acc, idx)``: the compensated vector and this rank's offer, timed as ``compensate`` and ``select``."""
         with self.phase("compensate"):
             acc = self.memory.compensate(grad)
         with self.phase("select"):
-            idx = self.select(acc)
+            return acc, self.select(acc)
+
+    def _step(self, grad):
+        acc, idx = self.compensate_select(grad)
+        with self.phase("select"):
             vals = acc[idx]
         with self.phase("exchange_indices"):
             all_idx, counts = self.comm.allgatherv(idx)
@@ -165,8 +199,11 @@ class SparseGatherScheme(CollectiveScheme):
             all_vals, _ = self.comm.allgatherv(vals, counts)
         with self.phase("update"):
             self.memory.update(acc, idx)
+            fresh = self._out is None
             out = self.output()
-            scatter_sum(out, all_idx, all_vals, counts, 1.0 / self.comm.size)
+            # the output holds only the last step's indices: zero those, not the whole vector
+            clear = None if fresh else getattr(self, "_last_indices", None)
+            scatter_sum(out, all_idx, all_vals, counts, 1.0 / self.comm.size, clear=clear)
         self._last_indices = all_idx
         return out
 

@@ -213,13 +213,10 @@ class GTopK(Scheme):
     def _step(self, grad):
         comm, k = self.comm, self.k
         idt = backend.index_dtype(self.n)
-        with self.phase("compensate"):
-            acc = self.memory.compensate(grad)  # step 1
+        acc, local = self.compensate_topk(grad, k)  # steps 1 and 2
         with self.phase("select"):
             xp = backend.array_module(acc)
-            if self._scratch is None:
-                self._scratch = xp.empty_like(acc)
-            local = xp.sort(backend.topk_abs(acc, k, scratch=self._scratch)).astype(idt, copy=False)  # step 2
+            local = xp.sort(local).astype(idt, copy=False)
             idx, vals = local, acc[local].astype(_VAL_DTYPE, copy=False)
         for kind, peer in doubling_schedule(comm.rank, comm.size):
             if kind == "fold_send":  # step 3 (sender), then step 5 (receive the result)
@@ -239,8 +236,12 @@ class GTopK(Scheme):
             else:  # "unfold_send", step 5
                 self._send_set(idx, vals, peer)
         with self.phase("update"):
+            fresh = self._out is None
             out = self.output()  # step 6
-            out.fill(0)
+            if fresh or self.global_indices is None:
+                out.fill(0)
+            else:  # the output holds only the last step's global set: zero it, not the whole vector
+                out[self.global_indices] = 0
             out[idx] = vals * np.float32(1.0 / comm.size)
             # step 7: local top-k entries that made the global set were sent
             self.memory.update(acc, local[in_sorted(local, idx)])

@@ -34,6 +34,11 @@ class TopK(SparseGatherScheme):
             self._layer_starts = np.array([s.offset for s in self.layout.layers], dtype=np.int64)
             self._layer_sizes = np.array([s.size for s in self.layout.layers], dtype=np.int64)
 
+    def compensate_select(self, grad):
+        if not self.opts["layerwise"]:  # whole-vector top-k: fused with the compensation where it can be
+            return self.compensate_topk(grad, self.k)
+        return super().compensate_select(grad)
+
     def select(self, acc) -> np.ndarray:
         xp = backend.array_module(acc)
         if self._scratch is None:

@@ -1,0 +1,162 @@
+"""Fused error feedback and top-k selection: one pass over memory instead of two.
+
+A sparse step with error feedback reads the gradient and the residual,
+writes the compensated residual (``e += g``), then reads it again to
+select its ``k`` largest magnitudes.  :func:`compensate_topk` does both in
+one pass: a threshold is first estimated from a sample of ``e + g`` (the
+sampled top-k of :func:`mpisparse.backend.numpy_kernels.topk_abs`), then
+one loop adds, stores and collects every index whose compensated magnitude
+reaches the threshold; the exact top ``k`` are picked among those
+candidates (a few more than ``k``).  When the threshold was too high (fewer
+than ``k`` candidates) or too low (more than the candidate buffer holds),
+the exact top-k of the already compensated residual is taken the plain way
+-- the result never depends on the estimate.
+
+The loop is compiled with numba when it is installed (``pip install
+mpisparse[fast]``); without it, or with ``MPISPARSE_FUSED=0``, the same
+function runs the plain NumPy steps (``e += g`` then ``topk_abs``).  Both
+return the same set of indices (the ``k`` largest ``|e + g|``; on exact
+ties any ``k`` of the tied entries, as ``topk_abs``) and leave the same
+residual, bit for bit (``tests/test_fused.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import numpy_kernels as nk
+from .numpy_kernels import index_dtype
+
+__all__ = ["available", "compensate_candidates", "compensate_topk", "enabled", "topk_from_candidates"]
+
+#: elements per block of the fused loop: a block's magnitudes are compared with one vectorised max first
+_BLOCK = 64
+
+try:  # optional: the compiled loop
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def _fused_pass(e, g, t, cand):  # pragma: no cover - compiled
+        n = e.shape[0]
+        cap = cand.shape[0]
+        c = 0
+        full = n - n % _BLOCK
+        for b in range(0, full, _BLOCK):
+            for j in range(b, b + _BLOCK):
+                e[j] = e[j] + g[j]
+            hi = e.dtype.type(0)
+            for j in range(b, b + _BLOCK):
+                hi = max(hi, abs(e[j]))
+            if hi >= t:
+                for j in range(b, b + _BLOCK):
+                    if abs(e[j]) >= t:
+                        if c < cap:
+                            cand[c] = j
+                        c += 1
+        for j in range(full, n):
+            v = e[j] + g[j]
+            e[j] = v
+            if abs(v) >= t:
+                if c < cap:
+                    cand[c] = j
+                c += 1
+        return c
+
+    _HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - depends on the environment
+    _HAVE_NUMBA = False
+
+
+def available() -> bool:
+    """Whether the compiled loop can run here (numba installed)."""
+    return _HAVE_NUMBA
+
+
+def enabled() -> bool:
+    """Whether :func:`compensate_topk` uses the compiled loop (numba installed and ``MPISPARSE_FUSED`` not 0)."""
+    return _HAVE_NUMBA and os.environ.get("MPISPARSE_FUSED", "1").strip() != "0"
+
+
+class _Buffers:
+    """Candidate index buffers, reused across calls (keyed by index dtype and capacity)."""
+
+    def __init__(self) -> None:
+        self.cand: dict[tuple, np.ndarray] = {}
+
+    def get(self, cap: int, idt) -> np.ndarray:
+        key = (np.dtype(idt).str,)
+        buf = self.cand.get(key)
+        if buf is None or buf.size < cap:
+            buf = self.cand[key] = np.empty(max(cap, 1024), dtype=idt)
+        return buf[:cap]
+
+
+_buffers = _Buffers()
+
+
+def _check(e, g) -> None:
+    if e.shape != g.shape or e.ndim != 1:
+        raise ValueError(f"residual shape {e.shape} and gradient shape {g.shape} must be one 1-D shape")
+    if e.dtype != g.dtype or e.dtype.kind != "f":
+        raise TypeError(f"residual dtype {e.dtype} and gradient dtype {g.dtype} must be one float dtype")
+
+
+def compensate_candidates(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, fused: bool | None = None):
+    """``e += g`` in place; returns the candidates of the top ``k`` found on the way, or None.
+
+    With the compiled loop: a threshold from a sample of ``e + g``, then one
+    pass that adds, stores and collects the indices whose ``|e|`` reaches it
+    (a view of a reused buffer, valid until the next call).  None when the
+    plain path ran (no numba, ``fused`` False, a small or dense ``k``, no
+    usable threshold) or when the estimate missed (too many candidates for
+    the buffer): ``e`` is compensated either way.  ``fused``: force the
+    compiled loop on (True; an error without numba) or off (False); None
+    follows :func:`enabled`.
+    """
+    _check(e, g)
+    n = e.shape[0]
+    k = nk._check_k(k, n)
+    use = enabled() if fused is None else fused
+    if use and not _HAVE_NUMBA:
+        raise RuntimeError("fused=True needs numba (pip install mpisparse[fast])")
+    if not use or n <= nk.SMALL_N or k == 0 or k > nk.DENSE_FRACTION * n:
+        e += g
+        return None
+    rng = nk._get_rng(rng)
+    m, r = nk.sample_plan(n, k)
+    if r >= m:
+        e += g
+        return None
+    pos = rng.integers(0, n, size=m)
+    samp = e[pos] + g[pos]
+    np.abs(samp, out=samp)
+    t = nk.kth_largest(samp, r)
+    if not t > 0:  # mostly zeros, or NaN: no usable threshold
+        e += g
+        return None
+    cap = 4 * k + 1024
+    cand = _buffers.get(cap, index_dtype(n))
+    c = int(_fused_pass(e, g, nk._ceil_to_dtype(t, e.dtype), cand))
+    return cand[:c] if c <= cap else None
+
+
+def topk_from_candidates(e: np.ndarray, cand, k: int, *, rng=None, scratch=None) -> np.ndarray:
+    """The indices of the ``k`` largest ``|e|``: picked among ``cand`` when it holds at least ``k``,
+    else (``cand`` None or short: the threshold was too high) by ``topk_abs`` over all of ``e``."""
+    if cand is not None and cand.shape[0] >= k:
+        c = cand.shape[0]
+        if c == k:
+            return cand.copy()
+        vals = np.abs(e[cand])
+        return cand[np.argpartition(vals, c - k)[c - k:]]
+    return nk.topk_abs(e, k, scratch=scratch, rng=rng)
+
+
+def compensate_topk(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, scratch=None,
+                    fused: bool | None = None) -> np.ndarray:
+    """``e += g`` in place, then the indices of the ``k`` largest ``|e|`` (exactly ``k``, any order):
+    :func:`compensate_candidates` then :func:`topk_from_candidates`."""
+    cand = compensate_candidates(e, g, k, rng=rng, fused=fused)
+    return topk_from_candidates(e, cand, k, rng=rng, scratch=scratch)

@@ -1,0 +1,92 @@
+"""The fused compensation + top-k pass (``mpisparse/backend/fused.py``) against the plain NumPy steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import SelfComm
+from mpisparse.backend import fused
+from mpisparse.backend import numpy_kernels as nk
+from mpisparse.fusion import FusionLayout
+from mpisparse.schemes import create
+
+needs_numba = pytest.mark.skipif(not fused.available(), reason="numba is not installed (pip install mpisparse[fast])")
+
+
+def _pair(n, seed=0, scale=0.1):
+    rng = np.random.default_rng(seed)
+    g = rng.standard_normal(n).astype(np.float32)
+    e = (rng.standard_normal(n) * scale).astype(np.float32)
+    return e, g
+
+
+@needs_numba
+@pytest.mark.parametrize("n,k", [(100_000, 100), (300_001, 3_000), (200_000, 1), (70_000, 17_000)])
+def test_fused_gives_the_plain_set_and_residual(n, k):
+    e1, g = _pair(n, seed=k)
+    e2 = e1.copy()
+    plain = fused.compensate_topk(e1, g, k, fused=False, rng=1)
+    fast = fused.compensate_topk(e2, g, k, fused=True, rng=2)
+    assert np.array_equal(e1, e2)  # the same residual, bit for bit
+    assert len(fast) == k == len(set(fast.tolist()))
+    assert set(plain.tolist()) == set(fast.tolist())
+    # and it is the top-k of the compensated vector (a plain NumPy reference)
+    ref = np.argsort(-np.abs(e1), kind="stable")[:k]
+    assert np.sort(np.abs(e1[fast]))[0] >= np.abs(e1[ref]).min()
+
+
+@needs_numba
+def test_fused_falls_back_when_the_estimate_admits_too_many():
+    n, k = 100_000, 1_000
+    e = np.zeros(n, dtype=np.float32)
+    g = np.full(n, 2.0, dtype=np.float32)
+    g[::7] = -3.0  # 14,286 entries of magnitude 3: every sample threshold admits them all (> 4k + 1024)
+    idx = fused.compensate_topk(e, g, k, fused=True, rng=0)
+    assert np.array_equal(e, g)
+    assert len(idx) == k == len(set(idx.tolist())) and np.all(np.abs(e[idx]) == 3.0)
+
+
+def test_candidates_short_of_k_fall_back_to_the_whole_vector():
+    e = np.arange(1000, dtype=np.float32)
+    got = fused.topk_from_candidates(e, np.array([999, 998], dtype=np.int32), 5)
+    assert sorted(got.tolist()) == [995, 996, 997, 998, 999]
+    assert sorted(fused.topk_from_candidates(e, None, 3).tolist()) == [997, 998, 999]
+
+
+def test_switches(monkeypatch):
+    monkeypatch.setenv("MPISPARSE_FUSED", "0")
+    assert fused.enabled() is False
+    e, g = _pair(100_000)
+    ref = e + g
+    idx = fused.compensate_topk(e, g, 10)  # the plain path
+    assert np.array_equal(e, ref) and set(idx.tolist()) == set(nk.topk_abs(ref, 10).tolist())
+    if not fused.available():
+        with pytest.raises(RuntimeError, match="needs numba"):
+            fused.compensate_topk(e, g, 10, fused=True)
+
+
+def test_bad_shapes_are_one_line_errors():
+    with pytest.raises(ValueError, match=r"residual shape \(3,\) and gradient shape \(4,\)"):
+        fused.compensate_topk(np.zeros(3, np.float32), np.zeros(4, np.float32), 1)
+    with pytest.raises(TypeError, match="residual dtype float32 and gradient dtype float64"):
+        fused.compensate_topk(np.zeros(3, np.float32), np.zeros(3, np.float64), 1)
+
+
+@needs_numba
+@pytest.mark.parametrize("scheme", ["topk", "gtopk"])
+def test_schemes_give_the_same_steps_fused_and_plain(scheme, monkeypatch):
+    layout = FusionLayout([("a", (300, 400)), ("b", (1000,)), ("c", (50, 30))])
+    grads = [_pair(layout.n, seed=s)[1] for s in range(4)]
+
+    def run(flag):
+        monkeypatch.setenv("MPISPARSE_FUSED", flag)
+        sch = create(scheme, SelfComm(), layout, 0.01, seed=0)
+        outs = [sch.step(g.copy()).copy() for g in grads]
+        return outs, sch.memory.residual.copy()
+
+    plain, plain_res = run("0")
+    fast, fast_res = run("1")
+    for a, b in zip(plain, fast):
+        assert np.array_equal(a, b)
+    assert np.array_equal(plain_res, fast_res)
