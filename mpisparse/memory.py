@@ -53,6 +53,9 @@ class Memory:
 
     #: attribute names of the memory's array buffers (moved together by :meth:`to`)
     buffers: tuple[str, ...] = ()
+    #: ``compensate`` is ``residual += grad`` in place and ``update`` zeroes the sent entries of it:
+    #: the fused pass of :mod:`mpisparse.backend.fused` may do the compensation
+    in_place: bool = False
 
     def to(self, xp) -> None:
         """Move every buffer to array module ``xp`` (explicit copies; a no-op where they already are)."""
@@ -89,6 +92,7 @@ class ResidualMemory(Memory):
     """Classic error feedback: ``e <- (e + g)`` with the sent entries zeroed."""
 
     buffers = ("residual",)
+    in_place = True
 
     def __init__(self) -> None:
         self.residual = None

@@ -90,3 +90,18 @@ def test_schemes_give_the_same_steps_fused_and_plain(scheme, monkeypatch):
     for a, b in zip(plain, fast):
         assert np.array_equal(a, b)
     assert np.array_equal(plain_res, fast_res)
+
+
+@needs_numba
+def test_cltk_gives_the_same_steps_fused_and_plain(monkeypatch):
+    """CLT-k at W=1 leads every step: the fused pass on the leader, the sparse output reset."""
+    layout = FusionLayout([("a", (300, 400)), ("b", (1000,))])
+    grads = [_pair(layout.n, seed=s)[1] for s in range(4)]
+
+    def run(flag):
+        monkeypatch.setenv("MPISPARSE_FUSED", flag)
+        sch = create("cltk", SelfComm(), layout, 0.01, seed=0)
+        return [sch.step(g.copy()).copy() for g in grads]
+
+    for a, b in zip(run("0"), run("1")):
+        assert np.array_equal(a, b) and np.count_nonzero(b) <= int(0.01 * layout.n) + 1

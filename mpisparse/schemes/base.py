@@ -110,13 +110,11 @@ class CollectiveScheme(SchemeBase):
         Otherwise the two plain steps.  The same index set and residual either way.
         """
         from ..backend import fused
-        from ..memory import ResidualMemory
 
         mem = self.memory
         if self._scratch is None:
             self._scratch = self.xp.empty(self.n, dtype=grad.dtype)
-        if (type(mem) is ResidualMemory and isinstance(grad, np.ndarray) and fused.enabled()
-                and grad.dtype.kind == "f"):
+        if mem.in_place and isinstance(grad, np.ndarray) and fused.enabled() and grad.dtype.kind == "f":
             with self.phase("compensate"):
                 if mem.residual is None:
                     mem.residual = np.zeros_like(grad)

@@ -231,6 +231,11 @@ class LowPassMemory(Memory):
         self.residual = None
         self._acc = None
 
+    @property
+    def in_place(self) -> bool:
+        """With ``beta = 1`` the memory is plain in-place error feedback."""
+        return self.beta == 1.0
+
     def compensate(self, grad):
         if self.beta == 1.0:
             self.residual = accumulate(self.residual, grad)
@@ -298,6 +303,7 @@ class CLTK(Scheme):
         # last step, for selected_global() and diagnostics()
         self.leader: int | None = None  # None: a warm-up (dense) step
         self.last_indices = None
+        self._out_indices = None  # the entries the output holds (zeroed at the next step)
         self._acc_ref = None
         self._local_vals = None
         self._selected = 0
@@ -312,14 +318,18 @@ class CLTK(Scheme):
             return self._dense_step(grad)
         comm, k = self.comm, self.k
         leader = self.leader_of(self.iteration)
-        with self.phase("compensate"):
-            acc = self.memory.compensate(grad)  # Alg. 1 l.6: m_i + grad_i
-        with self.phase("select"):
-            if comm.rank == leader:  # Alg. 1 l.6, eq. 2: I^k(acc_L), leader only
-                if self._scratch is None:
-                    self._scratch = backend.array_module(acc).empty_like(acc)
-                idx = chunked_topk(acc, k, self.chunks, scratch=self._scratch)
-                idx = idx.astype(backend.index_dtype(self.n), copy=False)
+        if comm.rank == leader and self.chunks == 1:  # Alg. 1 l.6, eq. 2: I^k(acc_L), leader only
+            acc, idx = self.compensate_topk(grad, k)  # one fused pass where the memory allows it
+            idx = idx.astype(backend.index_dtype(self.n), copy=False)
+        else:
+            with self.phase("compensate"):
+                acc = self.memory.compensate(grad)  # Alg. 1 l.6: m_i + grad_i
+            with self.phase("select"):
+                if comm.rank == leader:
+                    if self._scratch is None:
+                        self._scratch = backend.array_module(acc).empty_like(acc)
+                    idx = chunked_topk(acc, k, self.chunks, scratch=self._scratch)
+                    idx = idx.astype(backend.index_dtype(self.n), copy=False)
         with self.phase("exchange_indices"):
             if comm.rank != leader:
                 if self._idx_buf is None:
@@ -332,10 +342,15 @@ class CLTK(Scheme):
             total = comm.allreduce(local)  # Alg. 1 l.8-11, eq. 1: reduce, not gather
         with self.phase("update"):
             self.memory.update(acc, idx)  # Alg. 1 l.7, eq. 5
+            fresh = self._out is None
             out = self.output()  # Alg. 1 l.10: g = (1/W) sum_i g_i
-            out.fill(0)
+            if fresh or self._out_indices is None:
+                out.fill(0)
+            else:  # the output holds only the last step's set: zero it, not the whole vector
+                out[self._out_indices] = 0
             out[idx] = total * out.dtype.type(1.0 / comm.size)
         self.leader, self.last_indices = leader, idx
+        self._out_indices = idx.copy()  # a non-leader's idx is the receive buffer the next Bcast overwrites
         self._acc_ref, self._local_vals, self._selected = acc, local, k
         return out
 
@@ -351,6 +366,7 @@ class CLTK(Scheme):
             if isinstance(self.memory, LowPassMemory):
                 self.memory.clear()
         self.leader, self.last_indices = None, None
+        self._out_indices = None
         self._acc_ref, self._local_vals, self._selected = None, None, self.n
         return out
 
