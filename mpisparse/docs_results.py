@@ -65,6 +65,8 @@ class Run:
     link_stats: bool = False
     #: ``bin/emucluster run --ranks-per-host P`` (ranks per emulated host)
     ranks_per_host: int = 1
+    #: environment of this run only, on top of the table's
+    env: dict[str, str] = field(default_factory=dict)
 
     def argv(self, python: str, out: str) -> list[str]:
         """The command line, with ``out`` as the output directory."""
@@ -326,6 +328,48 @@ _table(Table(
                                           "--iters", "2" if quick else "5", "--warmup", "1"])
                         for s in (STEP_SCHEMES[:2] if quick else STEP_SCHEMES)],
     render=_step_memory_render,
+))
+
+
+FUSED_SCHEMES = ("dense", "topk", "cltk", "gtopk", "deft", "dgc", "randomk", "threshold", "dct")
+_COMPUTE = ("compensate", "select", "update")
+
+
+def _fused_step_render(res: dict[str, Any], quick: bool) -> str:
+    plain = {r["scheme"]: r for r in _as_list(res.get("plain"))}
+    fused = {r["scheme"]: r for r in _as_list(res.get("fused"))}
+    rows = []
+    for s in FUSED_SCHEMES:
+        if s not in plain or s not in fused:
+            continue
+        cells = [f"`{s}`"]
+        for r in (plain[s], fused[s]):
+            cells += [_ms(_phase(r, p), 1) for p in _COMPUTE] + [_ms(sum(_phase(r, p) or 0.0 for p in _COMPUTE), 1)]
+        cells.append(_ms(fused[s]["step_seconds"], 1))
+        rows.append(cells)
+    r0 = next(iter(fused.values()), {})
+    return (f"{r0.get('config', {}).get('model')} shapes (n = {_int(r0.get('n'))}), density "
+            f"{r0.get('density_target')}, W = {r0.get('world_size')}; ms per step, max over ranks.\n\n"
+            + md_table(["scheme", "plain compensate", "plain select", "plain update", "plain compute",
+                        "fused compensate", "fused select", "fused update", "fused compute", "fused step ms"], rows)
+            + "\n\ncompute = compensate + select + update (the work of the step on a rank, without the exchange). "
+              "plain: `MPISPARSE_FUSED=0`, the NumPy steps; fused: the numba pass of `mpisparse/backend/fused.py` "
+              "where a scheme uses it (topk, gtopk, and the CLT-k leader; the other schemes run the same code in "
+              "both columns, so their difference is noise). The floor: one pass reading the gradient and the "
+              "residual and writing the residual.")
+
+
+_table(Table(
+    name="fused-step",
+    title="Compute of one sparse step, plain and fused (`bench step`)",
+    about=("The per-rank work of a step of every data-parallel scheme (compensation, selection, update), with "
+           "the NumPy steps and with the fused compensate + top-k pass ([schemes.md](../schemes.md))."),
+    runs=lambda quick: [Run(label, ["bench", "step", "-n", "2", "--model", "ncf" if quick else "resnet50"]
+                            + [a for s in (FUSED_SCHEMES[:3] if quick else FUSED_SCHEMES) for a in ("--scheme", s)]
+                            + ["--density", "0.001", "--iters", "2" if quick else "10", "--warmup", "1"],
+                            env={"MPISPARSE_FUSED": flag})
+                        for label, flag in (("plain", "0"), ("fused", "1"))],
+    render=_fused_step_render,
 ))
 
 
@@ -817,6 +861,7 @@ def _env_prefix(env: dict[str, str]) -> str:
 def display(run: Run, env: dict[str, str]) -> str:
     """The command as printed in a header: ``ENV python -m mpisparse ... --json OUT/label.json``."""
     words = run.argv("python", OUT)
+    env = {**env, **run.env}
     return (_env_prefix(env) + " " if env else "") + " ".join(words)
 
 
@@ -910,7 +955,7 @@ class RunError(RuntimeError):
 def _execute(run: Run, *, repo: Path, out_dir: str, python: str, env: dict[str, str], timeout: float,
              echo: Callable[[str], None]) -> None:
     argv = run.argv(python, out_dir)
-    full_env = dict(os.environ, **env)
+    full_env = dict(os.environ, **env, **run.env)
     full_env.setdefault("PYTHONPATH", str(repo))
     if run.emucluster is not None:
         full_env["PYTHON"] = python

@@ -105,3 +105,30 @@ def test_cltk_gives_the_same_steps_fused_and_plain(monkeypatch):
 
     for a, b in zip(run("0"), run("1")):
         assert np.array_equal(a, b) and np.count_nonzero(b) <= int(0.01 * layout.n) + 1
+
+
+@needs_numba
+@pytest.mark.parametrize("t", [0.0, 1.5, 3.0, 10.0, float("nan")])
+def test_fused_threshold_is_threshold_select(t):
+    e1, g = _pair(150_000, seed=3)
+    e1[5] = np.nan
+    e2 = e1.copy()
+    plain = fused.compensate_threshold(e1, g, t, fused=False)
+    fast = fused.compensate_threshold(e2, g, t, fused=True)
+    assert np.array_equal(e1, e2, equal_nan=True)
+    assert np.array_equal(plain, fast)  # ascending, the same entries
+
+
+@needs_numba
+@pytest.mark.parametrize("scheme,opts", [("threshold", {}), ("threshold", {"threshold": 2.0}), ("randomk", {})])
+def test_threshold_and_randomk_give_the_same_steps_fused_and_plain(scheme, opts, monkeypatch):
+    layout = FusionLayout([("a", (300, 400)), ("b", (1000,))])
+    grads = [_pair(layout.n, seed=s)[1] for s in range(4)]
+
+    def run(flag):
+        monkeypatch.setenv("MPISPARSE_FUSED", flag)
+        sch = create(scheme, SelfComm(), layout, 0.01, seed=0, **opts)
+        return [sch.step(g.copy()).copy() for g in grads]
+
+    for a, b in zip(run("0"), run("1")):
+        assert np.array_equal(a, b)

@@ -29,7 +29,8 @@ import numpy as np
 from . import numpy_kernels as nk
 from .numpy_kernels import index_dtype
 
-__all__ = ["available", "compensate_candidates", "compensate_topk", "enabled", "topk_from_candidates"]
+__all__ = ["available", "compensate_candidates", "compensate_threshold", "compensate_topk", "enabled",
+           "topk_from_candidates"]
 
 #: elements per block of the fused loop: a block's magnitudes are compared with one vectorised max first
 _BLOCK = 64
@@ -92,6 +93,10 @@ class _Buffers:
             buf = self.cand[key] = np.empty(max(cap, 1024), dtype=idt)
         return buf[:cap]
 
+    def capacity(self, idt) -> int:
+        buf = self.cand.get((np.dtype(idt).str,))
+        return 0 if buf is None else buf.size
+
 
 _buffers = _Buffers()
 
@@ -152,6 +157,36 @@ def topk_from_candidates(e: np.ndarray, cand, k: int, *, rng=None, scratch=None)
         vals = np.abs(e[cand])
         return cand[np.argpartition(vals, c - k)[c - k:]]
     return nk.topk_abs(e, k, scratch=scratch, rng=rng)
+
+
+def compensate_threshold(e: np.ndarray, g: np.ndarray, t: float, *, scratch=None,
+                         fused: bool | None = None) -> np.ndarray:
+    """``e += g`` in place, then the ascending indices with ``|e| >= t`` (:func:`threshold_select`'s result).
+
+    With the compiled loop, one pass; the candidate buffer grows to the
+    largest count seen (a count beyond it is found again by
+    ``threshold_select`` over the compensated ``e``, once).
+    """
+    _check(e, g)
+    use = enabled() if fused is None else fused
+    if use and not _HAVE_NUMBA:
+        raise RuntimeError("fused=True needs numba (pip install mpisparse[fast])")
+    n = e.shape[0]
+    if not use or n <= nk.SMALL_N:
+        e += g
+        return nk.threshold_select(e, t, scratch=scratch)
+    idt = index_dtype(n)
+    cap = max(_buffers.capacity(idt), 1024)
+    cand = _buffers.get(cap, idt)
+    tt = nk._ceil_to_dtype(t, e.dtype)
+    if tt != tt:  # NaN: nothing is selected
+        e += g
+        return np.empty(0, dtype=idt)
+    c = int(_fused_pass(e, g, tt, cand))
+    if c <= cap:
+        return cand[:c].copy()
+    _buffers.get(2 * c, idt)  # room for next time
+    return nk.threshold_select(e, t, scratch=scratch)
 
 
 def compensate_topk(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, scratch=None,

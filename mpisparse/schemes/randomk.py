@@ -16,6 +16,8 @@ from .base import Scheme, register
 @register("randomk")
 class RandomK(Scheme):
 
+    _out_indices = None  # the entries the output holds (zeroed at the next step)
+
     def indices(self, iteration: int, like=None):
         """The step's index set, on ``like``'s array module (drawn on the host: every rank the same)."""
         rng = np.random.default_rng([self.seed, iteration])
@@ -31,9 +33,14 @@ class RandomK(Scheme):
             self.comm.allreduce(vals, vals)
         with self.phase("update"):
             self.memory.update(acc, idx)
+            fresh = self._out is None
             out = self.output()
-            out.fill(0)
+            if fresh or self._out_indices is None:
+                out.fill(0)
+            else:  # the output holds only the last step's set: zero it, not the whole vector
+                out[self._out_indices] = 0
             out[idx] = vals * np.float32(1.0 / self.comm.size)
+        self._out_indices = idx
         return out
 
     def selected_global(self) -> int:

@@ -35,6 +35,16 @@ def _counting_topk(*a, **kw):
 
 
 cltk_mod.chunked_topk = _counting_topk
+# the leader's fused compensate + top-k (one chunk, beta 1, numba installed) is its selection too
+_orig_fused = cltk_mod.CLTK.compensate_topk
+
+
+def _counting_fused(self, *a, **kw):
+    _select_calls.append(1)
+    return _orig_fused(self, *a, **kw)
+
+
+cltk_mod.CLTK.compensate_topk = _counting_fused
 
 
 def topk_ref(x, kk):
