@@ -2,7 +2,9 @@
 
 import csv
 import json
+import os
 
+import numpy as np
 import pytest
 
 from mpisparse.results import (PNG_SIGNATURE, SCHEMA_VERSION, RunResult, format_comparison, format_run,
@@ -111,3 +113,17 @@ def test_tables_are_plain_ascii_off_a_terminal_and_rich_on_one(monkeypatch):
     fancy = format_comparison([bench_result("dense", 0.008), bench_result()])
     assert "\x1b[1m" in fancy and "\u2500" in fancy  # a bold header over a box-drawn line
     assert "topk" in fancy and "2.00x" in fancy
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc/self/clear_refs")
+def test_peak_rss_resets_between_schemes():
+    """bench step resets the peak before each scheme, so one scheme's peak is not the job's."""
+    from mpisparse.results.build import current_rss_bytes, peak_rss_bytes, reset_peak_rss
+
+    big = np.ones(64 * 2**20, dtype=np.uint8)  # 64 MiB resident
+    high = peak_rss_bytes()
+    del big
+    assert reset_peak_rss() is True
+    after = peak_rss_bytes()
+    assert after < high - 32 * 2**20, (after, high)
+    assert after >= current_rss_bytes() - 4 * 2**20

@@ -23,7 +23,7 @@ from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
 from ..schemes import create
-from ..results.build import collective_result, current_rss_bytes
+from ..results.build import collective_result, current_rss_bytes, reset_peak_rss
 from ..timing import PhaseTimer
 
 
@@ -41,6 +41,9 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     grad = drawn if xp is np else layout.empty(xp=xp)  # the step's input, on the run's device
     sch.use_array_module(xp)
     on_device = grad is not drawn
+    # this scheme's own peak (Linux): what earlier schemes of the job held is freed and forgotten, and so is
+    # the generator's start-up (a float64 draw of its pool); its pool and the gradient buffer stay counted
+    reset_peak_rss()
     staging: list[dict[str, int]] = []
     step_bytes: list[int] = []
     cross_bytes: list[int] = []  # bytes that left the host (``--hierarchical``)

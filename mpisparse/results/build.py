@@ -9,6 +9,7 @@ collectives: every rank calls them and gets the same result.
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import sys
@@ -20,13 +21,45 @@ from ..timing import reduce_over_ranks
 from .provenance import provenance_block, rank_facts
 from .schema import RunResult
 
-__all__ = ["collective_result", "current_rss_bytes", "diagnostics_block", "peak_rss_bytes", "timing_fields"]
+__all__ = ["collective_result", "current_rss_bytes", "diagnostics_block", "peak_rss_bytes", "reset_peak_rss",
+           "timing_fields"]
+
+
+def _status_kib(field: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (Linux), in bytes; None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def peak_rss_bytes() -> int:
-    """Peak resident memory of this process (Linux reports KiB, macOS bytes)."""
+    """Peak resident memory of this process since it started or since :func:`reset_peak_rss`.
+
+    Linux: ``VmHWM`` of ``/proc/self/status`` (which the reset lowers);
+    elsewhere ``ru_maxrss`` (KiB on Linux, bytes on macOS; never reset).
+    """
+    hwm = _status_kib("VmHWM")
+    if hwm is not None:
+        return hwm
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def reset_peak_rss() -> bool:
+    """Start a new peak: free what is unreachable, then reset ``VmHWM`` to the current resident memory
+    (Linux: ``5`` written to ``/proc/self/clear_refs``).  False where that is not possible."""
+    gc.collect()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def current_rss_bytes() -> int:

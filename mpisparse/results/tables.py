@@ -143,13 +143,23 @@ def _train_table(res: RunResult) -> str:
 
 
 def format_comparison(results: Sequence[RunResult]) -> str:
-    """``bench step`` with several schemes: step time, speedup over the first, bytes, density."""
+    """``bench step`` with several schemes: step time, speedup over the first, bytes, density, peak memory."""
     base = results[0]
     rows = [[r.scheme, f"{r.step_seconds * 1e3:.2f}", f"{base.step_seconds / r.step_seconds:.2f}x",
-             f"{r.bytes_sent_per_rank:,.0f}", f"{r.density_actual:.5f}"] for r in results]
-    table = _table([("scheme", "<"), ("step ms", ">"), ("speedup", ">"), ("bytes/rank", ">"), ("density", ">")],
-                   rows)
+             f"{r.bytes_sent_per_rank:,.0f}", f"{r.density_actual:.5f}", _rss_cell(r)] for r in results]
+    table = _table([("scheme", "<"), ("step ms", ">"), ("speedup", ">"), ("bytes/rank", ">"), ("density", ">"),
+                    ("peak RSS/rank", ">")], rows)
     return _render(table, f"(speedup relative to {base.scheme}; times are the slowest rank's)")
+
+
+def _rss_cell(r: RunResult) -> str:
+    """``268 MiB (6.0x)``: peak resident memory per rank and its multiple of the gradient buffer."""
+    if r.peak_rss_bytes_per_rank is None:
+        return "—"
+    cell = f"{r.peak_rss_bytes_per_rank / 2**20:,.0f} MiB"
+    if r.gradient_buffer_bytes:
+        cell += f" ({r.peak_rss_bytes_per_rank / r.gradient_buffer_bytes:.1f}x)"
+    return cell
 
 
 def format_train_comparison(results: Sequence[RunResult]) -> str:

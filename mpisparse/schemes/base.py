@@ -112,15 +112,15 @@ class CollectiveScheme(SchemeBase):
         from ..backend import fused
 
         mem = self.memory
-        if self._scratch is None:
-            self._scratch = self.xp.empty(self.n, dtype=grad.dtype)
         if mem.in_place and isinstance(grad, np.ndarray) and fused.enabled() and grad.dtype.kind == "f":
             with self.phase("compensate"):
                 if mem.residual is None:
                     mem.residual = np.zeros_like(grad)
                 cand = fused.compensate_candidates(mem.residual, grad, k)
-            with self.phase("select"):
-                return mem.residual, fused.topk_from_candidates(mem.residual, cand, k, scratch=self._scratch)
+            with self.phase("select"):  # (no full-size scratch: a missed estimate uses a chunk buffer)
+                return mem.residual, fused.topk_from_candidates(mem.residual, cand, k)
+        if self._scratch is None:
+            self._scratch = self.xp.empty(self.n, dtype=grad.dtype)
         with self.phase("compensate"):
             acc = mem.compensate(grad)
         with self.phase("select"):
@@ -200,7 +200,7 @@ class SparseGatherScheme(CollectiveScheme):
             fresh = self._out is None
             out = self.output()
             # the output holds only the last step's indices: zero those, not the whole vector
-            clear = None if fresh else getattr(self, "_last_indices", None)
+            clear = all_idx[:0] if fresh else getattr(self, "_last_indices", None)  # fresh: made zero
             scatter_sum(out, all_idx, all_vals, counts, 1.0 / self.comm.size, clear=clear)
         self._last_indices = all_idx
         return out

@@ -344,7 +344,9 @@ class CLTK(Scheme):
             self.memory.update(acc, idx)  # Alg. 1 l.7, eq. 5
             fresh = self._out is None
             out = self.output()  # Alg. 1 l.10: g = (1/W) sum_i g_i
-            if fresh or self._out_indices is None:
+            if fresh:  # made zero: nothing to clear
+                pass
+            elif self._out_indices is None:
                 out.fill(0)
             else:  # the output holds only the last step's set: zero it, not the whole vector
                 out[self._out_indices] = 0

@@ -238,7 +238,9 @@ class GTopK(Scheme):
         with self.phase("update"):
             fresh = self._out is None
             out = self.output()  # step 6
-            if fresh or self.global_indices is None:
+            if fresh:  # made zero: nothing to clear
+                pass
+            elif self.global_indices is None:
                 out.fill(0)
             else:  # the output holds only the last step's global set: zero it, not the whole vector
                 out[self.global_indices] = 0

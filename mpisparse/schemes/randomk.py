@@ -35,7 +35,9 @@ class RandomK(Scheme):
             self.memory.update(acc, idx)
             fresh = self._out is None
             out = self.output()
-            if fresh or self._out_indices is None:
+            if fresh:  # made zero: nothing to clear
+                pass
+            elif self._out_indices is None:
                 out.fill(0)
             else:  # the output holds only the last step's set: zero it, not the whole vector
                 out[self._out_indices] = 0
