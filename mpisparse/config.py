@@ -196,6 +196,10 @@ class TrainConfig:
         return self
 
 
+#: ``bench step --gradients``
+GRADIENT_SOURCES = ("synthetic", "model")
+
+
 @dataclass
 class BenchConfig:
     """One ``mpisparse bench step`` run of one scheme on model-shaped synthetic gradients."""
@@ -222,6 +226,9 @@ class BenchConfig:
     #: ``--rss-at``: steps (counted from the first, warm-up included) after which each rank's resident
     #: memory is recorded (the result's ``rss_bytes_at_step``); empty: none
     rss_at: list[int] = field(default_factory=list)
+    #: ``--gradients``: ``synthetic`` (drawn, :mod:`mpisparse.gradgen`) or ``model`` (backward passes of the
+    #: trainable net of that name on each rank's own batches, :mod:`mpisparse.bench.model_grads`)
+    gradients: str = "synthetic"
 
     def validate(self, world: int | None = None) -> BenchConfig:
         """Check every field, then the runtime's own checks (a pipeline scheme has no ``bench``).
@@ -249,6 +256,15 @@ class BenchConfig:
             raise ValueError(f"--rss-at is {self.rss_at!r}; allowed: steps in [1, {self.warmup + self.iters}] "
                              "(--warmup + --iters)")
         self.rss_at = sorted(set(self.rss_at))
+        _choice("--gradients", self.gradients, GRADIENT_SOURCES)
+        if self.gradients == "model":
+            from .bench.model_grads import MODEL_GRADIENT_MODELS
+
+            if self.model not in MODEL_GRADIENT_MODELS:
+                raise ValueError(f"--gradients model needs a --model with a trainable net; --model is "
+                                 f"{self.model!r}, allowed: {', '.join(MODEL_GRADIENT_MODELS)}")
+            if self.device != "cpu":
+                raise ValueError(f"--gradients model runs on --device cpu; --device is {self.device!r}")
         _int("--servers", self.servers, 1)
         self.scheme_options = cls.validate_options(dict(self.scheme_options))
         _world(cls, world)

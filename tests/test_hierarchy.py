@@ -42,3 +42,4 @@ def test_bench_step_hierarchical_reports_cross_host_bytes(tmp_path):
     nbytes = 4 * two["n"]
     # two leaders, a ring Allreduce of 2: each sends the vector once
     assert h["cross_host_bytes_per_step"] == pytest.approx(2 * nbytes)
+

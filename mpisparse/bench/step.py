@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import device
+from .. import backend, device
 from ..config import BenchConfig
 from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
@@ -32,10 +32,16 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     model, scheme, density, iters, warmup = cfg.model, cfg.scheme, cfg.density, cfg.iters, cfg.warmup
     seed, memory, diagnostics = cfg.seed, cfg.memory, cfg.diagnostics
     scheme_options = dict(cfg.scheme_options)
-    layout = FusionLayout(layer_shapes(model))
+    if cfg.gradients == "model":  # real backward passes of the trainable net, on this rank's own batches
+        from .model_grads import ModelGradients
+
+        gen = ModelGradients(model, comm.rank, comm.size, seed=seed)
+        layout = gen.layout
+    else:
+        layout = FusionLayout(layer_shapes(model))
+        gen = SyntheticGradients(layout, comm.rank, seed=seed)
     timer = PhaseTimer()
     sch = create(scheme, comm, layout, density, memory=memory, timer=timer, seed=seed, **scheme_options)
-    gen = SyntheticGradients(layout, comm.rank, seed=seed)
     xp = device.array_module_for(cfg.device, comm)
     drawn = layout.empty()
     grad = drawn if xp is np else layout.empty(xp=xp)  # the step's input, on the run's device
@@ -59,7 +65,9 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
         before, staged = comm.bytes_sent, dict(comm.staging)
         cross_before = getattr(comm, "cross_host_bytes", 0)
         with timer.step():
-            sch.step(grad)
+            update = sch.step(grad)
+        if cfg.gradients == "model":
+            gen.apply(backend.to_host(update))  # the ranks train on: the next gradients follow the run
         if timer.recording:
             step_bytes.append(comm.bytes_sent - before)
             cross_bytes.append(getattr(comm, "cross_host_bytes", 0) - cross_before)
@@ -87,5 +95,6 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
         rss_bytes_at_step=rss or None, hierarchy=hierarchy,
         config={"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
                 "seed": seed, "memory": memory, "diagnostics": diagnostics, "device": cfg.device,
+                "gradients": cfg.gradients,
                 **({"rss_at": list(cfg.rss_at)} if cfg.rss_at else {}), **sch.opts})
 

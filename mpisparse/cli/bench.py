@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from ..config import DEVICES, BenchConfig
+from ..config import DEVICES, GRADIENT_SOURCES, BenchConfig
 from ..device import check_device_usable
 from ..models.shapes import model_names
 from ..registry import SCHEMES, validate_density
@@ -55,6 +55,10 @@ def _steps(value: str) -> list[int]:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic gradients.")
 @click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
               help="cuda: the whole data-parallel step on each rank's GPU (by local rank); needs CuPy.")
+@click.option("--gradients", type=click.Choice(GRADIENT_SOURCES), default="synthetic", show_default=True,
+              help="synthetic: drawn, model-shaped; model: backward passes of the trainable net of that "
+                   "name (resnet18) on each rank's own batches of the digits data, trained on with the "
+                   "scheme's update.")
 @step_options
 @diagnostics_option
 @output_options("Write the result object (a list with several --scheme) to this file.",
@@ -67,7 +71,7 @@ def _steps(value: str) -> list[int]:
 @cuda_aware_option
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
                check_collectives, diagnostics, json_path, csv_path, plot_path, rss_at, servers, cuda_aware=None,
-               hierarchical=False, **scheme_opts) -> None:
+               hierarchical=False, gradients="synthetic", **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
     per_scheme = pick_scheme_options(schemes, scheme_opts)
@@ -75,7 +79,8 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
     cfgs = [validated(BenchConfig(model=model, scheme=s, density=density, iters=iters, warmup=warmup, seed=seed,
                                   memory=not no_memory, scheme_options=dict(per_scheme[s]),
                                   diagnostics=diagnostics, servers=servers, check_collectives=check_collectives,
-                                  hierarchical=hierarchical, cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device), nprocs)
+                                  hierarchical=hierarchical, cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device,
+                                  gradients=gradients), nprocs)
             for s in schemes]
     usage(check_device_usable, device, need_torch=False)
     check_plot(plot_path)
