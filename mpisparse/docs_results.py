@@ -67,6 +67,8 @@ class Run:
     ranks_per_host: int = 1
     #: environment of this run only, on top of the table's
     env: dict[str, str] = field(default_factory=dict)
+    #: ``--plot docs/results/plots/<plot>``: a picture kept in the repository
+    plot: str | None = None
 
     def argv(self, python: str, out: str) -> list[str]:
         """The command line, with ``out`` as the output directory."""
@@ -74,6 +76,8 @@ class Run:
         for opt, name in self.out_options.items():
             tail += [opt, f"{out}/{name}"]
         tail += ["--json", f"{out}/{self.label}.json"]
+        if self.plot:
+            tail += ["--plot", f"docs/results/plots/{self.plot}"]
         if self.emucluster is None:
             return [python, "-m", "mpisparse", *tail]
         hosts, rate = self.emucluster
@@ -370,6 +374,56 @@ _table(Table(
                             env={"MPISPARSE_FUSED": flag})
                         for label, flag in (("plain", "0"), ("fused", "1"))],
     render=_fused_step_render,
+))
+
+
+COST_SCHEMES = ("dense", "topk", "cltk", "deft", "gtopk")
+
+
+def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
+    m = res.get("model") or {}
+    if isinstance(m, list):
+        m = m[0]
+    link = m.get("link", {})
+    rows = [[f"`{v['scheme']}`", v["density"], v["world_size"], _ms(v["predicted_seconds"], 1),
+             _ms(v["measured_seconds"], 1), f"{100 * v['error']:+.0f}%"]
+            for v in sorted(m.get("validation", []), key=lambda v: (v["density"], v["world_size"], v["scheme"]))]
+    errs = [abs(v["error"]) for v in m.get("validation", []) if v.get("error") is not None]
+    within = sum(e <= 0.2 for e in errs)
+    cross = m.get("topk_slower_than_dense_at_world", {})
+    rates = m.get("rates_seconds_per_element", {})
+    return (f"{m.get('model')} (n = {_int(m.get('n'))}); link fitted to `bench exchange` on the emulated cluster: "
+            f"{link.get('bytes_per_second', 0) * 8 / 1e9:.3g} Gbit/s, latency "
+            f"{link.get('latency_seconds', 0) * 1e6:.0f} us; kernel rates measured by the command (ns per element: "
+            + ", ".join(f"{k} {v * 1e9:.2f}" for k, v in rates.items())
+            + f"); compute stretched by W / {m.get('shared_cores')} (every emulated host shares this machine's "
+              "cores).\n\n"
+            + md_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"], rows)
+            + f"\n\n{within} of {len(errs)} predictions within 20% of the measured step. Top-k's build-up makes its "
+              "predicted step slower than dense's from W = "
+            + ", ".join(f"{c if c else 'never (to 2^20)'} (density {d})" for d, c in cross.items())
+            + ". Picture: [plots/cost-model.png](plots/cost-model.png) (predicted curves to W = 1,024, the measured "
+              "points on them).")
+
+
+_table(Table(
+    name="cost-model",
+    title="The cost model against measured steps on the emulated cluster (`bench model`)",
+    about=("`bench model` predicts each scheme's step from the link (fitted to a `bench exchange` run on the "
+           "emulated cluster) and this machine's kernel rates; the measured steps are `bench step` on 2, 4 and 8 "
+           "emulated hosts with 1 Gbit/s links ([design.md](../design.md))."),
+    runs=lambda quick: (
+        [Run("exchange", ["bench", "exchange", "--model", "ncf" if quick else "resnet50", "--scheme", "topk",
+                          "--densities", "0.001,0.01,0.1", "--iters", "2", "--warmup", "1"], emucluster=(2, "1gbit"))]
+        + [Run(f"step-h{h}-d{d}", ["bench", "step", "--model", "ncf" if quick else "resnet50"]
+               + [a for s in COST_SCHEMES for a in ("--scheme", s)]
+               + ["--density", d, "--iters", "1" if quick else "3", "--warmup", "1"], emucluster=(h, "1gbit"))
+           for h in ((2,) if quick else (2, 4, 8)) for d in ("0.01", "0.001")]
+        + [Run("model", ["bench", "model", "--model", "ncf" if quick else "resnet50", "--shared-cores", "2",
+                         "--densities", "0.01,0.001"], out_options={"--exchange": "exchange.json", "--measured": ""},
+               plot=None if quick else "cost-model.png")]),
+    render=_cost_model_render,
+    unavailable=lambda: _emucluster_unavailable(),
 ))
 
 

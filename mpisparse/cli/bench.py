@@ -152,6 +152,61 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
         output.exchange_outputs(results, json_path, csv_path, plot_path)
 
 
+# --------------------------------------------------------------------------- model
+@bench.command("model")
+@click.option("--model", type=click.Choice(model_names()), default="resnet50", show_default=True,
+              help="Gradient vector of this model's size.")
+@click.option("--densities", default="0.01,0.001", show_default=True, callback=density_list, metavar="D[,D...]",
+              help="Densities to predict.")
+@click.option("--worlds", default="2,4,8,16,32,64,128,256,512,1024", show_default=True, callback=int_list,
+              metavar="W[,W...]", help="World sizes (one rank per host).")
+@click.option("--rate", default="1gbit", show_default=True, help="Each host's link, each way (e.g. 10gbit).")
+@click.option("--latency-us", type=click.FloatRange(min=0), default=50.0, show_default=True,
+              help="Latency of one message over the link, microseconds.")
+@click.option("--exchange", "exchange_json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Fit latency and bandwidth to the topk results of this `bench exchange --json` file instead "
+                   "of --rate/--latency-us.")
+@click.option("--shared-cores", type=click.IntRange(min=1), default=None,
+              help="Every rank computes on these few cores (the emulated cluster: this machine's cores); "
+                   "compute phases stretch by W / cores.")
+@click.option("--measured", multiple=True, type=click.Path(exists=True),
+              help="`bench step --json` results to validate against (a file or a directory of them; repeatable): "
+                   "predicted vs measured at their scheme, density and W.")
+@output_options("Predictions, link, rates and validation as JSON.",
+                "One row per scheme, density and W: predicted ms per phase.",
+                "PNG: predicted step time against W (log-log), measured points on top.")
+def bench_model(model, densities, worlds, rate, latency_us, exchange_json, shared_cores, measured, json_path,
+                csv_path, plot_path) -> None:
+    """Predict each scheme's step time for W up to 1,024 from the link and this machine's kernel rates."""
+    import csv
+    import json
+    from pathlib import Path
+
+    from .. import costmodel as cm
+    from ..bench import model as bm
+
+    link = usage(bm.link_from_exchange, exchange_json) if exchange_json else \
+        cm.Link(latency=latency_us * 1e-6, bandwidth=usage(cm.parse_rate, rate))
+    check_plot(plot_path)
+    res = bm.run_model(model=model, densities=densities, worlds=worlds, link=link, rates=cm.measure_rates(),
+                       shared_cores=shared_cores, measured=bm.load_measured(measured))
+    click.echo(bm.format_model(res))
+    if json_path:
+        Path(json_path).write_text(json.dumps(res, indent=1))
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["scheme", "density", "world_size", "compensate_ms", "select_ms", "exchange_ms", "update_ms",
+                        "step_ms"])
+            for p in res["predictions"]:
+                ph = p["phases"]
+                w.writerow([p["scheme"], p["density"], p["world_size"]]
+                           + [f"{ph[k] * 1e3:.4f}" for k in ("compensate", "select", "exchange", "update")]
+                           + [f"{p['step_seconds'] * 1e3:.4f}"])
+    if plot_path:
+        bm.plot_model(res, plot_path)
+
+
 # --------------------------------------------------------------------------- select
 @bench.command("select")
 @click.option("--mode", type=click.Choice(["kernels", "deft"]), default="kernels", show_default=True,

@@ -86,6 +86,11 @@ def _render(*parts: Any) -> str:
     return "\n".join(line.rstrip() for line in buf.getvalue().rstrip("\n").split("\n"))
 
 
+def simple_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain table: the first column left-aligned, the others right-aligned, cells already formatted."""
+    return _render(_table([(h, "<" if i == 0 else ">") for i, h in enumerate(headers)], rows))
+
+
 def format_table(title: str, reduced: dict[str, dict[str, float]], extra: dict[str, str] | None = None) -> str:
     """The per-phase table rank 0 prints: ms per step, mean and max over ranks."""
     step_max = reduced.get("step", {}).get("max", 0.0) or 1.0

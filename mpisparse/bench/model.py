@@ -1,0 +1,131 @@
+"""``mpisparse bench model``: the cost model's step time for W up to 1,024, and its validation.
+
+Tabulates :func:`mpisparse.costmodel.predict` for every scheme of the model,
+each density and each world size; the link comes from ``--rate`` and
+``--latency-us`` or is fitted to a ``bench exchange`` result
+(:func:`mpisparse.costmodel.fit_link`); the compute rates are measured on
+this machine when the command runs (:func:`mpisparse.costmodel.measure_rates`).
+Given ``bench step`` results (``--measured``), it also compares each
+measured step with the prediction at the same scheme, density and W.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+from .. import costmodel as cm
+from ..models.shapes import layer_shapes
+
+
+def model_size(model: str) -> int:
+    import math
+
+    return int(sum(math.prod(s) for _, s in layer_shapes(model)))
+
+
+def link_from_exchange(path: str) -> cm.Link:
+    """Fit the link to the ``topk`` results of a ``bench exchange --json`` file."""
+    data = json.loads(Path(path).read_text())
+    rows = data if isinstance(data, list) else [data]
+    points = [(int(r["world_size"]), int(r["k"]), float(r["exchange_seconds"]))
+              for r in rows if r.get("scheme") == "topk" and r.get("k") and r.get("exchange_seconds")]
+    if len(points) < 2:
+        raise ValueError(f"{path}: needs topk exchange results at 2 or more densities (bench exchange --scheme "
+                         f"topk --densities D1,D2); found {len(points)}")
+    return cm.fit_link(points)
+
+
+def load_measured(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """``bench step`` results (one object or a list per file; a directory: its ``*.json``) of the schemes the
+    model covers."""
+    files = []
+    for p in map(Path, paths):
+        files += sorted(p.glob("*.json")) if p.is_dir() else [p]
+    out = []
+    for p in files:
+        data = json.loads(p.read_text())
+        for r in data if isinstance(data, list) else [data]:
+            if r.get("scheme") in cm.SCHEMES and "step_seconds" in r:
+                out.append(r)
+    return out
+
+
+def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], link: cm.Link,
+              rates: cm.Rates, shared_cores: int | None, measured: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    n = model_size(model)
+    predictions = []
+    for d in densities:
+        for w in worlds:
+            for s in cm.SCHEMES:
+                ph = cm.predict(s, n, d, w, link, rates, shared_cores=shared_cores)
+                predictions.append({"scheme": s, "density": d, "world_size": w, "phases": ph,
+                                    "step_seconds": cm.total(ph)})
+    cross = {str(d): cm.crossover(n, d, link, rates, shared_cores=shared_cores) for d in densities}
+    validation = []
+    for r in measured:
+        w, d = int(r["world_size"]), float(r["density_target"])
+        m_n = int(r.get("n") or n)
+        pred = cm.total(cm.predict(r["scheme"], m_n, d, w, link, rates, shared_cores=shared_cores))
+        meas = float(r["step_seconds"])
+        validation.append({"scheme": r["scheme"], "density": d, "world_size": w, "n": m_n,
+                           "predicted_seconds": pred, "measured_seconds": meas,
+                           "error": (pred - meas) / meas if meas else None})
+    return {"model": model, "n": n, "link": {"latency_seconds": link.latency, "bytes_per_second": link.bandwidth},
+            "rates_seconds_per_element": cm.rates_dict(rates), "shared_cores": shared_cores,
+            "predictions": predictions, "topk_slower_than_dense_at_world": cross, "validation": validation}
+
+
+def format_model(res: dict[str, Any]) -> str:
+    from ..results.tables import simple_table
+
+    lines = [f"{res['model']} (n = {res['n']:,}); link {res['link']['bytes_per_second'] * 8 / 1e9:.3g} Gbit/s, "
+             f"latency {res['link']['latency_seconds'] * 1e6:.0f} us"
+             + (f"; compute shared by all ranks on {res['shared_cores']} cores" if res["shared_cores"] else "")]
+    by = {}
+    for p in res["predictions"]:
+        by.setdefault(p["density"], {}).setdefault(p["world_size"], {})[p["scheme"]] = p["step_seconds"]
+    for d, rows in by.items():
+        lines.append(f"\npredicted step ms, density {d} (top-k slower than dense from W = "
+                     f"{res['topk_slower_than_dense_at_world'][str(d)] or 'never (up to 2^20)'})")
+        lines.append(simple_table(["W", *cm.SCHEMES],  # noqa: E501
+                                  [[str(w)] + [f"{v[s] * 1e3:,.1f}" for s in cm.SCHEMES] for w, v in rows.items()]))
+    if res["validation"]:
+        lines.append("\npredicted vs measured")
+        lines.append(simple_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"],
+                                  [[v["scheme"], str(v["density"]), str(v["world_size"]),
+                                    f"{v['predicted_seconds'] * 1e3:,.1f}", f"{v['measured_seconds'] * 1e3:,.1f}",
+                                    f"{100 * v['error']:+.0f}%"] for v in res["validation"]]))
+    return "\n".join(lines)
+
+
+def plot_model(res: dict[str, Any], path: str) -> None:
+    """Predicted step time against W (log-log), one line per scheme and density, measured points on top."""
+    from ..results import plots
+
+    plt = plots._pyplot()
+
+    densities = sorted({p["density"] for p in res["predictions"]}, reverse=True)
+    fig, axes = plt.subplots(1, len(densities), figsize=(5 * len(densities) + 2.5, 4.5), squeeze=False)
+    colors = dict(zip(cm.SCHEMES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for ax, d in zip(axes[0], densities):
+        for s in cm.SCHEMES:
+            pts = sorted((p["world_size"], p["step_seconds"] * 1e3) for p in res["predictions"]
+                         if p["scheme"] == s and p["density"] == d)
+            ax.plot([w for w, _ in pts], [t for _, t in pts], label=f"{s} (model)", color=colors[s])
+            meas = [(v["world_size"], v["measured_seconds"] * 1e3) for v in res["validation"]
+                    if v["scheme"] == s and v["density"] == d]
+            if meas:
+                ax.scatter([w for w, _ in meas], [t for _, t in meas], color=colors[s], marker="o", zorder=3,
+                           label=f"{s} (measured)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks W (one per host)")
+        ax.set_ylabel("step ms")
+        ax.set_title(f"{res['model']}, density {d}")
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(0.8, 0.5), fontsize="small")
+    fig.tight_layout(rect=(0, 0, 0.8, 1))  # the legend sits right of the panels, outside the data
+    plots._save(fig, path)

@@ -1,0 +1,104 @@
+"""The cost model (``mpisparse/costmodel.py``) and ``mpisparse bench model``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from mpisparse import costmodel as cm
+
+RATES = cm.Rates(stream=1e-9, topk=2e-9, fused=1.2e-9, scatter=1e-8, segmented=3e-9)
+LINK = cm.Link(latency=50e-6, bandwidth=1.25e8)  # 1 Gbit/s
+
+
+def test_dense_is_the_halving_doubling_allreduce_plus_a_scaling_pass():
+    n, W = 1_000_000, 8
+    ph = cm.predict("dense", n, 0.01, W, LINK, RATES)
+    assert ph["exchange"] == pytest.approx(2 * 3 * 50e-6 + 2 * 7 / 8 * 4 * n / 1.25e8)
+    assert ph["update"] == pytest.approx(1e-9 * n) and ph["compensate"] == 0 == ph["select"]
+
+
+def test_topk_grows_with_W_and_cltk_does_not_build_up():
+    n, d = 10_000_000, 0.001
+    k = int(d * n)
+    t16 = cm.predict("topk", n, d, 16, LINK, RATES)
+    assert t16["exchange"] == pytest.approx(3 * 4 * 50e-6 + 15 * k * 8 / 1.25e8)
+    assert t16["update"] == pytest.approx(1e-8 * 16 * k)  # the build-up: up to W k entries scattered
+    c16 = cm.predict("cltk", n, d, 16, LINK, RATES)
+    assert c16["update"] == pytest.approx(1e-8 * k)
+    assert cm.total(cm.predict("topk", n, d, 1024, LINK, RATES)) > 10 * cm.total(cm.predict("cltk", n, d, 1024,
+                                                                                         LINK, RATES))
+
+
+def test_one_rank_sends_nothing_and_shared_cores_stretch_compute():
+    assert cm.predict("topk", 1000, 0.1, 1, LINK, RATES)["exchange"] == 0
+    a = cm.predict("deft", 10**6, 0.01, 8, LINK, RATES)
+    b = cm.predict("deft", 10**6, 0.01, 8, LINK, RATES, shared_cores=2)
+    assert b["compensate"] == pytest.approx(4 * a["compensate"]) and b["exchange"] == a["exchange"]
+
+
+def test_crossover_where_topk_overtakes_dense():
+    n = 25_000_000
+    w1, w2 = cm.crossover(n, 0.01, LINK, RATES), cm.crossover(n, 0.001, LINK, RATES)
+    assert w1 is not None and w2 is not None and w1 < w2  # sparser: later
+    assert cm.total(cm.predict("topk", n, 0.01, w1, LINK, RATES)) > cm.total(cm.predict("dense", n, 0.01, w1,
+                                                                                        LINK, RATES))
+    assert cm.total(cm.predict("topk", n, 0.01, w1 // 2, LINK, RATES)) <= cm.total(
+        cm.predict("dense", n, 0.01, w1 // 2, LINK, RATES))
+
+
+def test_fit_link_recovers_latency_and_bandwidth():
+    pts = [(4, k, 3 * 2 * 80e-6 + 3 * k * 8 / 5e8) for k in (1000, 10_000, 100_000)]
+    link = cm.fit_link(pts)
+    assert link.latency == pytest.approx(80e-6, rel=1e-6) and link.bandwidth == pytest.approx(5e8, rel=1e-6)
+    with pytest.raises(ValueError, match="2 or more densities"):
+        cm.fit_link(pts[:1])
+
+
+@pytest.mark.parametrize("text,value", [("1gbit", 1.25e8), ("100mbit", 1.25e7), ("2.5e9", 2.5e9)])
+def test_parse_rate(text, value):
+    assert cm.parse_rate(text) == pytest.approx(value)
+
+
+def test_bad_inputs_are_one_line_errors():
+    with pytest.raises(ValueError, match="link rate 'fast'"):
+        cm.parse_rate("fast")
+    with pytest.raises(ValueError, match="scheme 'dgc' is not in the cost model; allowed: dense, topk"):
+        cm.predict("dgc", 10, 0.1, 2, LINK, RATES)
+    with pytest.raises(ValueError, match="link bandwidth is 0"):
+        cm.Link(latency=0.0, bandwidth=0)
+
+
+def test_measured_rates_are_positive_and_finite():
+    r = cm.measure_rates(n=1 << 18, repeats=1)
+    for v in cm.rates_dict(r).values():
+        assert 0 < v < 1e-3 and math.isfinite(v)
+
+
+def test_bench_model_cli_validates_against_measured_steps(tmp_path):
+    """The command end to end: predictions, crossover, a validation row per measured step, JSON, CSV, plot."""
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from mpisparse.cli import cli as main
+    from test_plots import assert_not_blank
+
+    measured = tmp_path / "m.json"
+    measured.write_text(json.dumps([{"scheme": "dense", "world_size": 4, "density_target": 0.01, "n": 25_557_032,
+                                     "step_seconds": 1.4}, {"scheme": "ps-only", "step_seconds": 1.0}]))
+    out = CliRunner().invoke(main, ["bench", "model", "--worlds", "2,4,1024", "--measured", str(measured),
+                                    "--json", str(tmp_path / "r.json"), "--csv", str(tmp_path / "r.csv"),
+                                    "--plot", str(tmp_path / "p.png")])
+    assert out.exit_code == 0, out.output
+    assert "predicted step ms, density 0.01 (top-k slower than dense from W = " in out.output
+    res = json.loads((tmp_path / "r.json").read_text())
+    assert len(res["predictions"]) == 2 * 3 * len(cm.SCHEMES)
+    [v] = res["validation"]
+    assert v["scheme"] == "dense" and v["world_size"] == 4
+    assert v["error"] == pytest.approx((v["predicted_seconds"] - 1.4) / 1.4)
+    assert (tmp_path / "r.csv").read_text().count("\n") == 1 + len(res["predictions"])
+    assert_not_blank(tmp_path / "p.png")
+    bad = CliRunner().invoke(main, ["bench", "model", "--rate", "fast"])
+    assert bad.exit_code == 2 and "link rate 'fast'" in bad.output
