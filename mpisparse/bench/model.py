@@ -47,7 +47,8 @@ def load_measured(paths: Sequence[str]) -> list[dict[str, Any]]:
     for p in files:
         data = json.loads(p.read_text())
         for r in data if isinstance(data, list) else [data]:
-            if r.get("scheme") in cm.SCHEMES and "step_seconds" in r:
+            # whole steps only: a `bench exchange` result (exchange_seconds) times the exchange alone
+            if r.get("scheme") in cm.SCHEMES and "step_seconds" in r and "exchange_seconds" not in r:
                 out.append(r)
     return out
 
