@@ -396,14 +396,14 @@ def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
             f"{link.get('bytes_per_second', 0) * 8 / 1e9:.3g} Gbit/s, latency "
             f"{link.get('latency_seconds', 0) * 1e6:.0f} us; kernel rates measured by the command (ns per element: "
             + ", ".join(f"{k} {v * 1e9:.2f}" for k, v in rates.items())
-            + f"); compute stretched by W / {m.get('shared_cores')} (every emulated host shares this machine's "
-              "cores).\n\n"
+            + f"); predictions of the measured points stretch compute by W / {m.get('shared_cores')} (every "
+              "emulated host shares this machine's cores); the curves to W = 1,024 assume a core per rank.\n\n"
             + md_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"], rows)
             + f"\n\n{within} of {len(errs)} predictions within 20% of the measured step. Top-k's build-up makes its "
               "predicted step slower than dense's from W = "
             + ", ".join(f"{c if c else 'never (to 2^20)'} (density {d})" for d, c in cross.items())
-            + ". Picture: [plots/cost-model.png](plots/cost-model.png) (predicted curves to W = 1,024, the measured "
-              "points on them).")
+            + " (a core per rank). Picture: [plots/cost-model.png](plots/cost-model.png) (predicted curves to "
+              "W = 1,024, the measured points and their predictions on them).")
 
 
 _table(Table(

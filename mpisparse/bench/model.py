@@ -6,7 +6,9 @@ each density and each world size; the link comes from ``--rate`` and
 (:func:`mpisparse.costmodel.fit_link`); the compute rates are measured on
 this machine when the command runs (:func:`mpisparse.costmodel.measure_rates`).
 Given ``bench step`` results (``--measured``), it also compares each
-measured step with the prediction at the same scheme, density and W.
+measured step with the prediction at the same scheme, density and W
+(with ``--shared-cores``, the compute of that prediction is stretched as on
+the emulated cluster; the tabulated predictions assume a core per rank).
 """
 
 from __future__ import annotations
@@ -60,10 +62,10 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
     for d in densities:
         for w in worlds:
             for s in cm.SCHEMES:
-                ph = cm.predict(s, n, d, w, link, rates, shared_cores=shared_cores)
+                ph = cm.predict(s, n, d, w, link, rates)  # a real cluster: a core per rank
                 predictions.append({"scheme": s, "density": d, "world_size": w, "phases": ph,
                                     "step_seconds": cm.total(ph)})
-    cross = {str(d): cm.crossover(n, d, link, rates, shared_cores=shared_cores) for d in densities}
+    cross = {str(d): cm.crossover(n, d, link, rates) for d in densities}
     validation = []
     for r in measured:
         w, d = int(r["world_size"]), float(r["density_target"])
@@ -83,7 +85,8 @@ def format_model(res: dict[str, Any]) -> str:
 
     lines = [f"{res['model']} (n = {res['n']:,}); link {res['link']['bytes_per_second'] * 8 / 1e9:.3g} Gbit/s, "
              f"latency {res['link']['latency_seconds'] * 1e6:.0f} us"
-             + (f"; compute shared by all ranks on {res['shared_cores']} cores" if res["shared_cores"] else "")]
+             + (f"; measured steps compared with compute shared by all ranks on {res['shared_cores']} cores"
+               if res["shared_cores"] else "")]
     by = {}
     for p in res["predictions"]:
         by.setdefault(p["density"], {}).setdefault(p["world_size"], {})[p["scheme"]] = p["step_seconds"]
@@ -120,9 +123,13 @@ def plot_model(res: dict[str, Any], path: str) -> None:
             if meas:
                 ax.scatter([w for w, _ in meas], [t for _, t in meas], color=colors[s], marker="o", zorder=3,
                            label=f"{s} (measured)")
+                pred = [(v["world_size"], v["predicted_seconds"] * 1e3) for v in res["validation"]
+                        if v["scheme"] == s and v["density"] == d]
+                ax.scatter([w for w, _ in pred], [t for _, t in pred], color=colors[s], marker="x", zorder=3,
+                           label=f"{s} (model, shared cores)" if res["shared_cores"] else None)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("ranks W (one per host)")
+        ax.set_xlabel("ranks W (one per host; lines: a core per rank)")
         ax.set_ylabel("step ms")
         ax.set_title(f"{res['model']}, density {d}")
         ax.grid(True, which="both", alpha=0.3)

@@ -167,8 +167,8 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
               help="Fit latency and bandwidth to the topk results of this `bench exchange --json` file instead "
                    "of --rate/--latency-us.")
 @click.option("--shared-cores", type=click.IntRange(min=1), default=None,
-              help="Every rank computes on these few cores (the emulated cluster: this machine's cores); "
-                   "compute phases stretch by W / cores.")
+              help="The --measured steps ran with every rank on these few cores (the emulated cluster: this "
+                   "machine's cores): their predictions stretch compute by W / cores.")
 @click.option("--measured", multiple=True, type=click.Path(exists=True),
               help="`bench step --json` results to validate against (a file or a directory of them; repeatable): "
                    "predicted vs measured at their scheme, density and W.")
