@@ -392,10 +392,14 @@ def rowwise_topk_mask(X, k) -> np.ndarray:
 #    in :func:`topk_abs`), a little below the true ``k_i``-th largest.
 #    Segments with ``r_i >= m_i`` (small or dense) take threshold 0: every
 #    entry is a candidate.
-# 3. One chunked pass over the segments' concatenation collects the
-#    candidates ``key >= t[segment]`` (a chunk inside one segment compares
-#    with a scalar, a chunk spanning several with a per-element threshold
-#    made by ``np.repeat``), in segment order, ascending within a segment.
+# 3. One chunked pass over memory, run by run of adjacent segments (segments
+#    are walked in increasing start; many scattered runs are walked as one
+#    gathered concatenation instead, so the calls stay O(size / CHUNK)),
+#    collects the candidates ``key >= t[segment]``: a chunk inside one
+#    segment compares with a scalar, a chunk spanning several with their
+#    smallest threshold and one vectorised filter at the end (or per element,
+#    via ``np.repeat``, where that minimum lets many entries through).
+#    Segments taken whole are gathered directly, not compared.
 # 4. Segments with fewer than ``k_i`` candidates (rare: the margin) get a
 #    lowered rank and a second pass over those segments only (vectorised
 #    over them); after :data:`MAX_RETRIES` passes their threshold is 0.
@@ -405,10 +409,8 @@ def rowwise_topk_mask(X, k) -> np.ndarray:
 #    ``k_i - #(> q_i)`` candidates with key ``== q_i`` (lowest indices).
 #
 # Indices come back grouped by segment, in the order the segments were given.
-# Segments of at least :data:`SEG_BIG` elements skip all this and go to
-# :func:`topk_abs` one by one (see :func:`segment_topk_abs`): there a
-# per-segment ``argpartition`` of the candidates beats one big sort, and
-# their number is bounded by the data size, not by the segment count.  float64 input takes the same path with 64-bit
+# All segments, large and small, take this path (one call per rank in DEFT).
+# float64 input takes the same path with 64-bit
 # keys; its combined sort is an ``np.lexsort`` (segment, key) instead.
 
 #: Row length of the row-sum pass of :func:`segment_norms`, and the piece
@@ -604,7 +606,7 @@ class _Virtual:
         return hi - lo
 
 
-def segment_plan(sizes: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def segment_plan(sizes: np.ndarray, ks: np.ndarray, sqrt_cap: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per segment ``(m_i, r_i)``: sample size and starting rank (the :func:`sample_plan` sizing, vectorised).
 
     ``m_i = 0`` marks a segment whose every entry is a candidate (no sample:
@@ -614,6 +616,10 @@ def segment_plan(sizes: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndar
     s = sizes.astype(np.float64)
     k = np.maximum(ks, 1).astype(np.float64)
     m = np.ceil(_SEG_SAMPLE_HITS * s / k)
+    # at most ~ sqrt(size) samples: beyond that the samples cost more than
+    # the extra candidates a coarser threshold lets through (both ~ sqrt(size))
+    if sqrt_cap:  # NumPy kernel only (its sample costs as much per entry as a candidate)
+        m = np.minimum(m, np.ceil(sqrt_cap * np.sqrt(s)))
     m = np.clip(m, _SEG_SAMPLE_MIN, _SEG_SAMPLE_MAX)
     m = np.maximum(1.0, np.minimum(m, np.floor(s / 8)))
     lam = m * k / np.maximum(s, 1.0)
@@ -628,6 +634,7 @@ def segment_plan(sizes: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndar
 _SEG_SAMPLE_HITS = 32
 _SEG_SAMPLE_MIN = 256
 _SEG_SAMPLE_MAX = 8192
+_SEG_SAMPLE_SQRT = 4.0
 
 
 def _seg_thresholds(samp_sorted: np.ndarray, soff: np.ndarray, m: np.ndarray, r: np.ndarray,
@@ -648,13 +655,11 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
     ``ks[i]`` per segment (``0 <= ks[i] <= sizes[i]``), grouped by segment
     in the given order, in no particular order within a segment.  On ties
     any of the tied entries; NaN ranks as the largest magnitude.  The number
-    of NumPy calls does not grow with the number of segments: segments of
-    fewer than :data:`SEG_BIG` elements are selected all together (the
-    algorithm in the section comment above), each larger one by
-    :func:`topk_abs` (whose chunked pass makes O(size / CHUNK) calls; there
-    are at most ``total size / SEG_BIG`` such segments, so a call makes
-    O(total size / CHUNK) NumPy calls in all).  ``rng`` only affects speed;
-    ``scratch`` (optional, like ``x``) is the large segments' scratch.
+    of NumPy calls does not grow with the number of segments: all segments
+    are selected together (the algorithm in the section comment above), in
+    O(total size / CHUNK) NumPy calls.  ``rng`` only affects speed;
+    ``scratch`` is accepted for the API's sake and not needed (the pass
+    uses chunk-sized buffers).
     """
     x = _as_1d_float(x)
     if x.dtype == np.float16:
@@ -671,45 +676,93 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
     if out.size == 0:
         return out
     rng = _get_rng(rng)
-    big = (sz >= SEG_BIG) & (k > 0)
-    small = ~big & (k > 0)
-    if small.any():
-        si = np.flatnonzero(small)
-        got = _segment_topk_grouped(x, st[si], sz[si], k[si], rng)
-        if si.size == k.size or not big.any():
-            return got.astype(idt, copy=False)
-        # the small segments' output slots: their ranges of out, concatenated
-        ks_s = k[si]
-        slot = np.arange(got.size, dtype=np.int64)
-        slot += np.repeat(ooff[si] - (np.cumsum(ks_s) - ks_s), ks_s)
-        out[slot] = got
-    for i in np.flatnonzero(big):  # at most (total size) / SEG_BIG of them
-        a, e = int(st[i]), int(st[i] + sz[i])
-        sl = None if scratch is None else scratch[a:e]
-        loc = topk_abs(x[a:e], int(k[i]), scratch=sl, rng=rng)
-        o = out[ooff[i]:ooff[i + 1]]
-        o[...] = loc
-        o += idt(a)
-    return out
+    on = k > 0
+    if on.all():
+        return _segment_topk_grouped(x, st, sz, k, rng).astype(idt, copy=False)
+    si = np.flatnonzero(on)
+    return _segment_topk_grouped(x, st[si], sz[si], k[si], rng).astype(idt, copy=False)
 
 
-#: Segments of at least this many elements are selected one by one by
-#: :func:`topk_abs` (see :func:`segment_topk_abs`).  Measured on resnet50's
-#: DEFT layers at density 0.01, W = 1, 4, 16 (``mpisparse bench select --mode
-#: deft``, 2 cores): 16384 is on par with a per-layer loop at every W,
-#: 131072 was 10-80 % slower (the vectorised path's sample and sort cost more
-#: than the per-call overhead they save on mid-sized segments).
-SEG_BIG = 1 << 14
+def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
+              kbuf: np.ndarray, bbuf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat positions (ascending) and keys of the entries with ``key >= tkey[segment]``.
+
+    The segments must be non-empty and ascending in ``x``.  Walks the runs of
+    adjacent segments in chunks of real memory (no gather); a chunk inside one
+    segment compares with that segment's scalar threshold, a chunk spanning
+    several compares with their smallest threshold and the few extra hits are
+    dropped by one vectorised filter at the end (a chunk where that scalar
+    lets through more than an eighth of its entries, e.g. beside a segment
+    taken whole, compares entry by entry instead).
+    """
+    end = st + sz
+    S = st.size
+    brk = np.flatnonzero(st[1:] != end[:-1]) + 1
+    C = kbuf.shape[0]
+    if brk.size > 4 + int(sz.sum()) // C:  # many scattered runs: walk their concatenation (gathers), O(size / C) calls
+        V = _Virtual(st, sz)
+        vpos, key = V.select(x, tkey, kbuf)
+        return vpos + V.delta[np.repeat(np.arange(S, dtype=np.int64), V.counts(vpos))], key
+    rs = np.concatenate([[0], brk]).tolist()
+    re_ = np.concatenate([brk, [S]]).tolist()
+    pos_parts, key_parts = [], []
+    ss, fnz, ge = np.searchsorted, np.flatnonzero, np.greater_equal
+    mixed = False
+    for a_seg, b_seg in zip(rs, re_):
+        a, b = int(st[a_seg]), int(end[b_seg - 1])
+        if b_seg - a_seg == 1:  # one segment: scalar threshold throughout
+            t = tkey[a_seg]
+            for c0 in range(a, b, C):
+                m = min(b, c0 + C) - c0
+                kb = _keys(x[c0:c0 + m], kbuf[:m])
+                hit = fnz(ge(kb, t, out=bbuf[:m]))
+                if hit.size:
+                    key_parts.append(kb[hit])
+                    hit += c0
+                    pos_parts.append(hit)
+            continue
+        e_run, s_run = end[a_seg:b_seg], st[a_seg:b_seg]
+        for c0 in range(a, b, C):
+            c1 = min(b, c0 + C)
+            m = c1 - c0
+            s0 = int(ss(e_run, c0, "right"))
+            s1 = int(ss(s_run, c1, "left"))
+            kb = _keys(x[c0:c1], kbuf[:m])
+            if s1 - s0 == 1:
+                hit = fnz(ge(kb, tkey[a_seg + s0], out=bbuf[:m]))
+            else:
+                tt = tkey[a_seg + s0:a_seg + s1]
+                hit = fnz(ge(kb, tt.min(), out=bbuf[:m]))
+                if hit.size * 8 > m:  # a low threshold among them: entry by entry
+                    lens = np.minimum(e_run[s0:s1], c1) - np.maximum(s_run[s0:s1], c0)
+                    hit = fnz(ge(kb, np.repeat(tt, lens), out=bbuf[:m]))
+                else:
+                    mixed = True
+            if hit.size:
+                key_parts.append(kb[hit])
+                hit += c0
+                pos_parts.append(hit)
+    if not pos_parts:
+        return np.empty(0, np.int64), np.empty(0, kbuf.dtype)
+    pos, key = np.concatenate(pos_parts), np.concatenate(key_parts)
+    if mixed:  # drop the hits of a chunk-wide minimum that miss their own segment's threshold
+        ok = key >= tkey[ss(end, pos, "right")]
+        pos, key = pos[ok], key[ok]
+    return pos, key
 
 
 def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.ndarray, rng) -> np.ndarray:
     """The segmented algorithm of the section comment on segments with ``k > 0``: flat int64 indices, grouped."""
+    order = None
+    if st.size > 1 and bool(np.any(st[1:] < st[:-1])):  # walk memory forward; regroup at the end
+        order = np.argsort(st, kind="stable")
+        st, sz, k = st[order], sz[order], k[order]
     S = st.size
     wide = x.dtype.itemsize == 8
     kdt = np.uint64 if wide else np.uint32
 
     # 2. per-segment thresholds from one sample
-    m, r = segment_plan(sz, k)
+    m, r = segment_plan(sz, k, _SEG_SAMPLE_SQRT)
     soff = np.zeros(S + 1, dtype=np.int64)
     np.cumsum(m, out=soff[1:])
     M = int(soff[-1])
@@ -730,20 +783,32 @@ def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.n
         samp = np.empty(0, dtype=np.uint64)
     tkey = _seg_thresholds(samp, soff[:-1], m, r, kdt, wide)
 
-    # 3. one chunked candidate pass over all segments
-    V = _Virtual(st, sz)
-    kbuf = np.empty(min(max(V.total, 1), CHUNK), dtype=kdt)
-    vpos, ckey = V.select(x, tkey, kbuf)
-    cnt = V.counts(vpos)
-    cseg = np.repeat(np.arange(S, dtype=np.int64), cnt)
-    real = None  # flat indices, made from vpos at the end (or on a retry)
+    # 3. one chunked candidate pass over all segments; the segments taken
+    # whole (m_i == 0: small, or k_i dense) are gathered directly instead, so
+    # that their threshold 0 does not open the chunks they share
+    C = min(int(sz.sum()) if S else 1, CHUNK)
+    kbuf = np.empty(max(C, 1), dtype=kdt)
+    bbuf = np.empty(max(C, 1), dtype=np.bool_)
+    end = st + sz
+    whole = m == 0
+    if whole.any() and not whole.all():
+        tpass = tkey.copy()
+        tpass[whole] = np.iinfo(kdt).max  # above every key (the sign bit is masked off): no hits there
+        real, ckey = _seg_pass(x, st, sz, tpass, kbuf, bbuf)
+        wz = sz[whole]
+        wpos = np.arange(int(wz.sum()), dtype=np.int64)
+        wpos += np.repeat(st[whole] - (np.cumsum(wz) - wz), wz)
+        real = np.concatenate([real, wpos])
+        real.sort()
+        ckey = _keys(x[real])
+    else:
+        real, ckey = _seg_pass(x, st, sz, tkey, kbuf, bbuf)
+    cnt = np.searchsorted(real, end, "left") - np.searchsorted(real, st, "left")
 
     # 4. too few candidates: lower those segments' thresholds, pass over them only
     short = np.flatnonzero(cnt < k)
     tries = 1
     while short.size:
-        if real is None:
-            real = vpos + V.delta[cseg]
         if tries >= MAX_RETRIES:
             tnew = np.zeros(short.size, dtype=kdt)
         else:
@@ -751,20 +816,17 @@ def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.n
             r[short] = rr
             tnew = _seg_thresholds(samp, soff[:-1][short], m[short], rr, kdt, wide)
         tries += 1
-        Vs = _Virtual(st[short], sz[short])
-        p2, k2 = Vs.select(x, tnew, kbuf)
-        c2 = Vs.counts(p2)
-        s2 = np.repeat(short, c2)
-        keep = np.ones(S, dtype=bool)
-        keep[short] = False
-        kc = keep[cseg]
-        cseg = np.concatenate([cseg[kc], s2])
-        real = np.concatenate([real[kc], p2 + Vs.delta[np.repeat(np.arange(short.size), c2)]])
-        ckey = np.concatenate([ckey[kc], k2])
-        order = np.argsort(cseg, kind="stable")  # regroup by segment (rare path)
-        cseg, real, ckey = cseg[order], real[order], ckey[order]
-        cnt[short] = c2
-        short = short[c2 < k[short]]
+        p2, k2 = _seg_pass(x, st[short], sz[short], tnew, kbuf, bbuf)
+        drop = np.zeros(S, dtype=bool)
+        drop[short] = True
+        keep = ~drop[np.searchsorted(end, real, "right")]
+        real = np.concatenate([real[keep], p2])
+        ckey = np.concatenate([ckey[keep], k2])
+        o = np.argsort(real)  # regroup by position, hence by segment (rare path)
+        real, ckey = real[o], ckey[o]
+        cnt = np.searchsorted(real, end, "left") - np.searchsorted(real, st, "left")
+        short = short[cnt[short] < k[short]]
+    cseg = np.repeat(np.arange(S, dtype=np.int64), cnt)
 
     # 5. exact resolution: each segment's k-th largest candidate key
     coff = np.zeros(S + 1, dtype=np.int64)
@@ -786,4 +848,15 @@ def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.n
         ceq = np.cumsum(eq)
         before = np.concatenate([[0], ceq])[coff[:-1]]
         take = gt | (eq & (ceq - before[cseg] <= need[cseg]))
-    return real[take] if real is not None else vpos[take] + V.delta[cseg[take]]
+    sel = real[take]
+    if order is None:
+        return sel
+    # sorted group j is given segment order[j]: put the groups back in the given order
+    koff = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(k, out=koff[1:])
+    inv = np.empty(S, dtype=np.int64)
+    inv[order] = np.arange(S)
+    kg = k[inv]  # k of the given segments, in the given order
+    slot = np.arange(sel.size, dtype=np.int64)
+    slot += np.repeat(koff[inv] - (np.cumsum(kg) - kg), kg)
+    return sel[slot]
