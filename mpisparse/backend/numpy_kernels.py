@@ -688,7 +688,9 @@ def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
     """Flat positions (ascending) and keys of the entries with ``key >= tkey[segment]``.
 
     The segments must be non-empty and ascending in ``x``.  Walks the runs of
-    adjacent segments in chunks of real memory (no gather); a chunk inside one
+    adjacent segments in chunks of real memory (no gather; runs shorter than
+    ``C / 8``, when there are more than 4, are walked as one gathered
+    concatenation instead, so the calls stay O(size / C)); a chunk inside one
     segment compares with that segment's scalar threshold, a chunk spanning
     several compares with their smallest threshold and the few extra hits are
     dropped by one vectorised filter at the end (a chunk where that scalar
@@ -699,13 +701,23 @@ def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
     S = st.size
     brk = np.flatnonzero(st[1:] != end[:-1]) + 1
     C = kbuf.shape[0]
-    if brk.size > 4 + int(sz.sum()) // C:  # many scattered runs: walk their concatenation (gathers), O(size / C) calls
-        V = _Virtual(st, sz)
-        vpos, key = V.select(x, tkey, kbuf)
-        return vpos + V.delta[np.repeat(np.arange(S, dtype=np.int64), V.counts(vpos))], key
-    rs = np.concatenate([[0], brk]).tolist()
-    re_ = np.concatenate([brk, [S]]).tolist()
+    rs_a = np.concatenate([[0], brk])
+    re_a = np.concatenate([brk, [S]])
     pos_parts, key_parts = [], []
+    rlen = end[re_a - 1] - st[rs_a]
+    short = rlen * 8 < C
+    if short.sum() > 4:  # many short runs: walk their concatenation (gathers), so that the
+        # calls stay O(size / C): the long runs are at most 8 size / C, walked below
+        sseg = np.repeat(short, re_a - rs_a)
+        V = _Virtual(st[sseg], sz[sseg])
+        vpos, key = V.select(x, tkey[sseg], kbuf)
+        if vpos.size:
+            pos_parts.append(vpos + V.delta[np.repeat(np.arange(V.st.size, dtype=np.int64), V.counts(vpos))])
+            key_parts.append(key)
+        rs_a, re_a = rs_a[~short], re_a[~short]
+    gathered = len(pos_parts) > 0
+    rs = rs_a.tolist()
+    re_ = re_a.tolist()
     ss, fnz, ge = np.searchsorted, np.flatnonzero, np.greater_equal
     mixed = False
     for a_seg, b_seg in zip(rs, re_):
@@ -745,6 +757,9 @@ def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
     if not pos_parts:
         return np.empty(0, np.int64), np.empty(0, kbuf.dtype)
     pos, key = np.concatenate(pos_parts), np.concatenate(key_parts)
+    if gathered:  # the gathered short runs came first: back to ascending positions
+        o = np.argsort(pos, kind="stable")
+        pos, key = pos[o], key[o]
     if mixed:  # drop the hits of a chunk-wide minimum that miss their own segment's threshold
         ok = key >= tkey[ss(end, pos, "right")]
         pos, key = pos[ok], key[ok]
