@@ -683,6 +683,11 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
     return _segment_topk_grouped(x, st[si], sz[si], k[si], rng).astype(idt, copy=False)
 
 
+#: Segments below this size are selected apart from the main pass (see
+#: :func:`_segment_topk_grouped`).
+SEG_SMALL = 8192
+
+
 def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
               kbuf: np.ndarray, bbuf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Flat positions (ascending) and keys of the entries with ``key >= tkey[segment]``.
@@ -690,12 +695,12 @@ def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
     The segments must be non-empty and ascending in ``x``.  Walks the runs of
     adjacent segments in chunks of real memory (no gather; runs shorter than
     ``C / 8``, when there are more than 4, are walked as one gathered
-    concatenation instead, so the calls stay O(size / C)); a chunk inside one
-    segment compares with that segment's scalar threshold, a chunk spanning
-    several compares with their smallest threshold and the few extra hits are
-    dropped by one vectorised filter at the end (a chunk where that scalar
-    lets through more than an eighth of its entries, e.g. beside a segment
-    taken whole, compares entry by entry instead).
+    concatenation instead, so the calls stay O(size / C)).  A chunk inside
+    one segment compares with that segment's scalar threshold; a chunk
+    spanning several compares each segment's part with its own scalar (up to
+    8 of them; more: per element via ``np.repeat``).  A threshold equal to
+    the key type's maximum marks a segment the caller handles apart: it is
+    skipped.
     """
     end = st + sz
     S = st.size
@@ -715,11 +720,13 @@ def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
             pos_parts.append(vpos + V.delta[np.repeat(np.arange(V.st.size, dtype=np.int64), V.counts(vpos))])
             key_parts.append(key)
         rs_a, re_a = rs_a[~short], re_a[~short]
-    gathered = len(pos_parts) > 0
+    gathered = pos_parts[0] if pos_parts else None
+    gkey = key_parts[0] if pos_parts else None
+    pos_parts, key_parts = [], []
     rs = rs_a.tolist()
     re_ = re_a.tolist()
     ss, fnz, ge = np.searchsorted, np.flatnonzero, np.greater_equal
-    mixed = False
+    tnone = np.iinfo(tkey.dtype).max  # "no hits here" (the caller's mark for segments it handles apart)
     for a_seg, b_seg in zip(rs, re_):
         a, b = int(st[a_seg]), int(end[b_seg - 1])
         if b_seg - a_seg == 1:  # one segment: scalar threshold throughout
@@ -742,27 +749,38 @@ def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
             kb = _keys(x[c0:c1], kbuf[:m])
             if s1 - s0 == 1:
                 hit = fnz(ge(kb, tkey[a_seg + s0], out=bbuf[:m]))
-            else:
-                tt = tkey[a_seg + s0:a_seg + s1]
-                hit = fnz(ge(kb, tt.min(), out=bbuf[:m]))
-                if hit.size * 8 > m:  # a low threshold among them: entry by entry
-                    lens = np.minimum(e_run[s0:s1], c1) - np.maximum(s_run[s0:s1], c0)
-                    hit = fnz(ge(kb, np.repeat(tt, lens), out=bbuf[:m]))
-                else:
-                    mixed = True
-            if hit.size:
-                key_parts.append(kb[hit])
-                hit += c0
-                pos_parts.append(hit)
+                if hit.size:
+                    key_parts.append(kb[hit])
+                    hit += c0
+                    pos_parts.append(hit)
+                continue
+            tt = tkey[a_seg + s0:a_seg + s1]
+            live = np.flatnonzero(tt != tnone)
+            lo = np.maximum(s_run[s0:s1], c0) - c0
+            hi = np.minimum(e_run[s0:s1], c1) - c0
+            if live.size > 8:  # many segments in the chunk: entry by entry
+                hit = fnz(ge(kb, np.repeat(tt, hi - lo), out=bbuf[:m]))
+                if hit.size:
+                    key_parts.append(kb[hit])
+                    hit += c0
+                    pos_parts.append(hit)
+                continue
+            for j in live.tolist():  # each segment's part of the chunk with its own scalar
+                lj, hj = int(lo[j]), int(hi[j])
+                kj = kb[lj:hj]
+                hit = fnz(ge(kj, tt[j], out=bbuf[lj:hj]))
+                if hit.size:
+                    key_parts.append(kj[hit])
+                    hit += c0 + lj
+                    pos_parts.append(hit)
     if not pos_parts:
+        if gathered is not None:
+            return gathered, gkey
         return np.empty(0, np.int64), np.empty(0, kbuf.dtype)
     pos, key = np.concatenate(pos_parts), np.concatenate(key_parts)
-    if gathered:  # the gathered short runs came first: back to ascending positions
-        o = np.argsort(pos, kind="stable")
-        pos, key = pos[o], key[o]
-    if mixed:  # drop the hits of a chunk-wide minimum that miss their own segment's threshold
-        ok = key >= tkey[ss(end, pos, "right")]
-        pos, key = pos[ok], key[ok]
+    if gathered is not None:  # merge the gathered short runs' ascending positions (no sort)
+        at = np.searchsorted(pos, gathered)
+        pos, key = np.insert(pos, at, gathered), np.insert(key, at, gkey)
     return pos, key
 
 
@@ -798,24 +816,30 @@ def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.n
         samp = np.empty(0, dtype=np.uint64)
     tkey = _seg_thresholds(samp, soff[:-1], m, r, kdt, wide)
 
-    # 3. one chunked candidate pass over all segments; the segments taken
-    # whole (m_i == 0: small, or k_i dense) are gathered directly instead, so
-    # that their threshold 0 does not open the chunks they share
+    # 3. one chunked candidate pass over the segments' memory.  The small
+    # segments (fewer than SEG_SMALL elements, or taken whole: m_i == 0) are
+    # left out of it and walked as one gathered concatenation instead, so
+    # that their coarse thresholds (few samples) do not lower the scalar
+    # threshold of the chunks they share with large segments.
     C = min(int(sz.sum()) if S else 1, CHUNK)
     kbuf = np.empty(max(C, 1), dtype=kdt)
     bbuf = np.empty(max(C, 1), dtype=np.bool_)
     end = st + sz
-    whole = m == 0
-    if whole.any() and not whole.all():
+    small = (m == 0) | (sz < SEG_SMALL)
+    if small.all():
+        V = _Virtual(st, sz)
+        vpos, ckey = V.select(x, tkey, kbuf)
+        real = vpos + V.delta[np.repeat(np.arange(S), V.counts(vpos))]
+    elif small.any():
         tpass = tkey.copy()
-        tpass[whole] = np.iinfo(kdt).max  # above every key (the sign bit is masked off): no hits there
+        tpass[small] = np.iinfo(kdt).max  # above every key (the sign bit is masked off): no hits there
         real, ckey = _seg_pass(x, st, sz, tpass, kbuf, bbuf)
-        wz = sz[whole]
-        wpos = np.arange(int(wz.sum()), dtype=np.int64)
-        wpos += np.repeat(st[whole] - (np.cumsum(wz) - wz), wz)
-        real = np.concatenate([real, wpos])
-        real.sort()
-        ckey = _keys(x[real])
+        V = _Virtual(st[small], sz[small])
+        vpos, vkey = V.select(x, tkey[small], kbuf)
+        if vpos.size:  # merge two ascending position lists (no sort)
+            vreal = vpos + V.delta[np.repeat(np.arange(V.st.size), V.counts(vpos))]
+            at = np.searchsorted(real, vreal)
+            real, ckey = np.insert(real, at, vreal), np.insert(ckey, at, vkey)
     else:
         real, ckey = _seg_pass(x, st, sz, tkey, kbuf, bbuf)
     cnt = np.searchsorted(real, end, "left") - np.searchsorted(real, st, "left")
