@@ -313,6 +313,9 @@ def assign_local_k(
     n = len(size_list)
     # Priority: decreasing norm, ties by lower index (sorted() is stable).
     order = sorted(range(n), key=lambda i: (-norm_list[i], i))
+    if isinstance(k_total, (int, np.integer)) or kt.is_integer():
+        return _assign_local_k_int(size_list, norm_list, int(kt) if not isinstance(
+            k_total, (int, np.integer)) else int(k_total), order)
     exact_norms = [Fraction(v) for v in norm_list]
     if isinstance(k_total, (int, np.integer)):
         k_remain = Fraction(int(k_total))  # Alg. 3 l.1
@@ -334,6 +337,41 @@ def assign_local_k(
         else:
             k = max(1, math.floor(k_temp))  # Alg. 3 l.12-13 (rounded down)
             k = min(k, size)  # bites only for an empty layer (size 0 -> k 0)
+        ks[i] = k
+        k_remain -= k  # Alg. 3 l.14
+        norm_remain -= norm  # Alg. 3 l.15
+    return ks
+
+
+def _assign_local_k_int(sizes: list[int], norms: list[float], k_total: int,
+                        order: list[int]) -> np.ndarray:
+    """Alg. 3 for an integral ``k_total`` in integer arithmetic, same result as the Fraction form.
+
+    Every finite float is ``M * 2**e`` with integers ``M, e``; scaled by
+    ``2**-e_min`` all norms become integers ``N_i`` and the scale cancels in
+    ``k_temp = k_remain * N_i / N_remain``.  With ``k_remain`` an integer
+    (it starts integral and loses integers), l.10's ``size < k_temp`` is
+    ``size * N_remain < k_remain * N_i`` and l.12's floor is an integer
+    division (Python's ``//`` floors, also for a negative ``k_remain``).
+    """
+    parts = [v.as_integer_ratio() for v in norms]  # (M, 2**d): denominators are powers of 2
+    shift = max((d.bit_length() - 1 for _, d in parts), default=0)
+    scaled = [m << (shift - (d.bit_length() - 1)) for m, d in parts]
+    k_remain = k_total  # Alg. 3 l.1
+    norm_remain = 0  # Alg. 3 l.2
+    for i in order:  # Alg. 3 l.3
+        norm_remain += scaled[i]  # Alg. 3 l.4
+    ks = np.zeros(len(sizes), dtype=np.int64)
+    for i in order:  # Alg. 3 l.5
+        size, norm = sizes[i], scaled[i]
+        if norm_remain > 0:  # Alg. 3 l.6-7: k_temp = k_remain * norm / norm_remain
+            num, den = k_remain * norm, norm_remain
+        else:  # Alg. 3 l.8-9: k_temp = 0
+            num, den = 0, 1
+        if size * den < num:  # Alg. 3 l.10: size < k_temp
+            k = size  # Alg. 3 l.11
+        else:
+            k = min(max(1, num // den), size)  # Alg. 3 l.12-13 (rounded down); min: empty layer -> 0
         ks[i] = k
         k_remain -= k  # Alg. 3 l.14
         norm_remain -= norm  # Alg. 3 l.15
