@@ -734,21 +734,22 @@ def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
             for c0 in range(a, b, C):
                 m = min(b, c0 + C) - c0
                 kb = _keys(x[c0:c0 + m], kbuf[:m])
-                hit = fnz(ge(kb, t, out=bbuf[:m]))
+                hit = ge(kb, t, out=bbuf[:m]).nonzero()[0]
                 if hit.size:
                     key_parts.append(kb[hit])
                     hit += c0
                     pos_parts.append(hit)
             continue
         e_run, s_run = end[a_seg:b_seg], st[a_seg:b_seg]
-        for c0 in range(a, b, C):
-            c1 = min(b, c0 + C)
+        c0s = np.arange(a, b, C, dtype=np.int64)
+        c1s = np.minimum(c0s + C, b)
+        s0s = ss(e_run, c0s, "right").tolist()  # segments s0..s1-1 of the run overlap [c0, c1)
+        s1s = ss(s_run, c1s, "left").tolist()
+        for c0, c1, s0, s1 in zip(c0s.tolist(), c1s.tolist(), s0s, s1s):
             m = c1 - c0
-            s0 = int(ss(e_run, c0, "right"))
-            s1 = int(ss(s_run, c1, "left"))
             kb = _keys(x[c0:c1], kbuf[:m])
             if s1 - s0 == 1:
-                hit = fnz(ge(kb, tkey[a_seg + s0], out=bbuf[:m]))
+                hit = ge(kb, tkey[a_seg + s0], out=bbuf[:m]).nonzero()[0]
                 if hit.size:
                     key_parts.append(kb[hit])
                     hit += c0
