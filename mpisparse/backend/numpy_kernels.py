@@ -677,15 +677,29 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
         return out
     rng = _get_rng(rng)
     on = k > 0
-    if on.all():
-        return _segment_topk_grouped(x, st, sz, k, rng).astype(idt, copy=False)
-    si = np.flatnonzero(on)
-    return _segment_topk_grouped(x, st[si], sz[si], k[si], rng).astype(idt, copy=False)
+    # small and large segments apart (see SEG_SMALL): two calls, their outputs put in their slots
+    groups = [g for g in (np.flatnonzero(on & (sz < SEG_SMALL)), np.flatnonzero(on & (sz >= SEG_SMALL))) if g.size]
+    if len(groups) == 1:
+        g = groups[0]
+        if g.size == k.size:
+            return _segment_topk_grouped(x, st, sz, k, rng).astype(idt, copy=False)
+        return _segment_topk_grouped(x, st[g], sz[g], k[g], rng).astype(idt, copy=False)
+    for g in groups:
+        got = _segment_topk_grouped(x, st[g], sz[g], k[g], rng)
+        kg = k[g]
+        slot = np.arange(got.size, dtype=np.int64)
+        slot += np.repeat(ooff[g] - (np.cumsum(kg) - kg), kg)
+        out[slot] = got
+    return out
 
 
 #: Segments below this size are selected apart from the main pass (see
 #: :func:`_segment_topk_grouped`).
 SEG_SMALL = 8192
+
+#: Segments with at least this many candidates find their k-th largest by a
+#: partition of their own (float32 input); the others share one sort.
+SEG_PART_MIN = 1 << 15
 
 
 def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
@@ -874,20 +888,34 @@ def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.n
     if wide:
         q = ckey[np.lexsort((ckey, cseg))[coff[1:] - k]]
     else:
-        ck = cseg.astype(np.uint64)
-        ck <<= np.uint64(32)
-        ck |= ckey
-        ck.sort()
-        q = (ck[coff[1:] - k] & np.uint64(0xFFFFFFFF)).astype(kdt)
+        # segments with many candidates: a partition of their own keys each (linear; at most
+        # (candidates) / SEG_PART_MIN of them); the rest: one sort of the combined keys (segment, key)
+        big = np.flatnonzero(cnt >= SEG_PART_MIN)
+        q = np.zeros(S, dtype=kdt)
+        for i in big.tolist():
+            seg_keys = ckey[coff[i]:coff[i + 1]]
+            j = seg_keys.size - int(k[i])
+            q[i] = np.partition(seg_keys, j)[j]
+        if big.size < S:
+            rest = cnt < SEG_PART_MIN
+            on = rest[cseg]
+            ck = cseg[on].astype(np.uint64)
+            ck <<= np.uint64(32)
+            ck |= ckey[on]
+            ck.sort()
+            roff = np.zeros(S + 1, dtype=np.int64)
+            np.cumsum(np.where(rest, cnt, 0), out=roff[1:])
+            ri = np.flatnonzero(rest)
+            q[ri] = (ck[roff[1:][ri] - k[ri]] & np.uint64(0xFFFFFFFF)).astype(kdt)
     qc = q[cseg]
     take = ckey >= qc
     if np.count_nonzero(take) != k.sum():  # ties at some q_i: only the first (k_i - #(> q_i)) of them
-        gt = ckey > qc
-        eq = take & ~gt
-        need = k - np.bincount(cseg[gt], minlength=S)
-        ceq = np.cumsum(eq)
-        before = np.concatenate([[0], ceq])[coff[:-1]]
-        take = gt | (eq & (ceq - before[cseg] <= need[cseg]))
+        eqi = np.flatnonzero(ckey == qc)  # the tied entries (few), grouped by segment, ascending
+        es = cseg[eqi]
+        ge_cnt = np.add.reduceat(take, coff[:-1], dtype=np.int64)  # every segment has >= k_i >= 1 candidates
+        need = k - (ge_cnt - np.bincount(es, minlength=S))  # k_i minus the entries strictly above q_i
+        rank = np.arange(eqi.size) - np.searchsorted(es, es, "left")  # position among its segment's ties
+        take[eqi[rank >= need[es]]] = False
     sel = real[take]
     if order is None:
         return sel
