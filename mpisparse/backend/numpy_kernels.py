@@ -409,7 +409,9 @@ def rowwise_topk_mask(X, k) -> np.ndarray:
 #    ``k_i - #(> q_i)`` candidates with key ``== q_i`` (lowest indices).
 #
 # Indices come back grouped by segment, in the order the segments were given.
-# All segments, large and small, take this path (one call per rank in DEFT).
+# Segments of at least SEG_SMALL elements with k >= SEG_TOPK_K go to
+# :func:`topk_abs` one by one (at most k.sum() / SEG_TOPK_K of them); the
+# other large ones and the small ones take this path, in two calls.
 # float64 input takes the same path with 64-bit
 # keys; its combined sort is an ``np.lexsort`` (segment, key) instead.
 
@@ -655,9 +657,11 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
     ``ks[i]`` per segment (``0 <= ks[i] <= sizes[i]``), grouped by segment
     in the given order, in no particular order within a segment.  On ties
     any of the tied entries; NaN ranks as the largest magnitude.  The number
-    of NumPy calls does not grow with the number of segments: all segments
-    are selected together (the algorithm in the section comment above), in
-    O(total size / CHUNK) NumPy calls.  ``rng`` only affects speed;
+    of NumPy calls does not grow with the number of segments: the segments
+    are selected together (the algorithm in the section comment above) in
+    O(total size / CHUNK) NumPy calls, except those with ``k_i >=
+    SEG_TOPK_K`` (at most ``sum(k) / SEG_TOPK_K`` of them), which go to
+    :func:`topk_abs` one by one.  ``rng`` only affects speed;
     ``scratch`` is accepted for the API's sake and not needed (the pass
     uses chunk-sized buffers).
     """
@@ -678,8 +682,25 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
     rng = _get_rng(rng)
     on = k > 0
     # small and large segments apart (see SEG_SMALL): two calls, their outputs put in their slots
+    # segments with a large k: topk_abs each (at most k.sum() / SEG_TOPK_K of them), whose
+    # single sample and float argpartition of the candidates beat the shared sort there
+    solo = np.flatnonzero(on & (k >= SEG_TOPK_K) & (sz >= SEG_SMALL))
+    if solo.size:
+        on = on.copy()
+        on[solo] = False
+        for i in solo.tolist():
+            a, e = int(st[i]), int(st[i] + sz[i])
+            o = out[ooff[i]:ooff[i + 1]]
+            o[...] = topk_abs(x[a:e], int(k[i]), rng=rng)
+            o += idt(a)
+        if not on.any():
+            return out
     groups = [g for g in (np.flatnonzero(on & (sz < SEG_SMALL)), np.flatnonzero(on & (sz >= SEG_SMALL))) if g.size]
-    if len(groups) == 1:
+    if solo.size:
+        len_one = False
+    else:
+        len_one = len(groups) == 1
+    if len_one:
         g = groups[0]
         if g.size == k.size:
             return _segment_topk_grouped(x, st, sz, k, rng).astype(idt, copy=False)
@@ -696,6 +717,10 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
 #: Segments below this size are selected apart from the main pass (see
 #: :func:`_segment_topk_grouped`).
 SEG_SMALL = 8192
+
+#: Segments with at least this k are selected one by one by :func:`topk_abs`
+#: (see :func:`segment_topk_abs`).
+SEG_TOPK_K = 1 << 13
 
 #: Segments with at least this many candidates find their k-th largest by a
 #: partition of their own (float32 input); the others share one sort.
