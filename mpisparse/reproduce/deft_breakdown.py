@@ -106,7 +106,11 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list:
                               "and communication costs.",
             "the shortest iteration of the three (implied)", ", ".join(f"{s} {v:.2f} ms" for s, v in total.items()),
             _samples(by["deft"], "step"), _fastest_other(by, "step"),
-            note="synthetic gradients: no forward/backward in the step"))
+            note="synthetic gradients: no forward/backward in the step. The step is the sum of the phases "
+                 "above: at W=2 DEFT's select (a norms pass over the whole vector plus half the selection) "
+                 "is not below top-k's, and CLT-k's whole-vector top-k runs on one rank per step, so nothing "
+                 "in DEFT's step is shorter by more than the spread; DEFT's lead grows with W (its select "
+                 "tends to the norms pass, top-k's stays a whole-vector top-k)"))
     return claims
 
 
