@@ -51,6 +51,7 @@ from .backend import index_dtype
 __all__ = [
     "Layer",
     "two_stage_partition",
+    "split_large",
     "assign_local_k",
     "bin_pack",
     "leader",
@@ -227,6 +228,40 @@ def two_stage_partition(tensor_sizes: Sequence[int], n_workers: int) -> list[Lay
     return layers
 
 
+def split_large(layers: Sequence[Layer], max_size: int) -> list[Layer]:
+    """Split every layer of more than ``max_size`` elements into near-equal pieces.
+
+    Not in the paper: a refinement of Alg. 2 for the bin packing.  Alg. 2
+    cuts a tensor larger than ``n_g / n_workers`` into exactly ``n_workers``
+    pieces, which can still be far above the ideal bin load ``n_g /
+    n_workers`` (lstm-wt2's embedding at W = 16: pieces of 1.4M elements for
+    bins of 3.1M), so Alg. 4 cannot balance the bins.  A layer of ``s >
+    max_size`` elements becomes ``ceil(s / max_size)`` contiguous pieces, the
+    first ``s % count`` one element larger, all with the layer's ``source``;
+    the pieces tile the layer exactly, in order, so the result still tiles
+    the vector.  Like Alg. 2's own pieces, each piece is a layer of its own
+    for Alg. 3 (its k comes from its own norm, so the layer's k is shared
+    among its pieces in proportion to their norms) and for Alg. 4.
+    """
+    max_size = _as_int(max_size, "max_size")
+    if max_size < 1:
+        raise ValueError(f"max_size must be at least 1, got {max_size}.")
+    out: list[Layer] = []
+    for layer in layers:
+        s = layer.size
+        if s <= max_size:
+            out.append(layer)
+            continue
+        count = -(-s // max_size)
+        q, rem = divmod(s, count)
+        pos = layer.start
+        for i in range(count):
+            e = pos + q + (1 if i < rem else 0)
+            out.append(Layer(pos, e, layer.source))
+            pos = e
+    return out
+
+
 # --------------------------------------------------------------------------
 # Alg. 3: gradient norm-based local k assignment
 # --------------------------------------------------------------------------
@@ -278,6 +313,9 @@ def assign_local_k(
     n = len(size_list)
     # Priority: decreasing norm, ties by lower index (sorted() is stable).
     order = sorted(range(n), key=lambda i: (-norm_list[i], i))
+    if isinstance(k_total, (int, np.integer)) or kt.is_integer():
+        return _assign_local_k_int(size_list, norm_list, int(kt) if not isinstance(
+            k_total, (int, np.integer)) else int(k_total), order)
     exact_norms = [Fraction(v) for v in norm_list]
     if isinstance(k_total, (int, np.integer)):
         k_remain = Fraction(int(k_total))  # Alg. 3 l.1
@@ -299,6 +337,41 @@ def assign_local_k(
         else:
             k = max(1, math.floor(k_temp))  # Alg. 3 l.12-13 (rounded down)
             k = min(k, size)  # bites only for an empty layer (size 0 -> k 0)
+        ks[i] = k
+        k_remain -= k  # Alg. 3 l.14
+        norm_remain -= norm  # Alg. 3 l.15
+    return ks
+
+
+def _assign_local_k_int(sizes: list[int], norms: list[float], k_total: int,
+                        order: list[int]) -> np.ndarray:
+    """Alg. 3 for an integral ``k_total`` in integer arithmetic, same result as the Fraction form.
+
+    Every finite float is ``M * 2**e`` with integers ``M, e``; scaled by
+    ``2**-e_min`` all norms become integers ``N_i`` and the scale cancels in
+    ``k_temp = k_remain * N_i / N_remain``.  With ``k_remain`` an integer
+    (it starts integral and loses integers), l.10's ``size < k_temp`` is
+    ``size * N_remain < k_remain * N_i`` and l.12's floor is an integer
+    division (Python's ``//`` floors, also for a negative ``k_remain``).
+    """
+    parts = [v.as_integer_ratio() for v in norms]  # (M, 2**d): denominators are powers of 2
+    shift = max((d.bit_length() - 1 for _, d in parts), default=0)
+    scaled = [m << (shift - (d.bit_length() - 1)) for m, d in parts]
+    k_remain = k_total  # Alg. 3 l.1
+    norm_remain = 0  # Alg. 3 l.2
+    for i in order:  # Alg. 3 l.3
+        norm_remain += scaled[i]  # Alg. 3 l.4
+    ks = np.zeros(len(sizes), dtype=np.int64)
+    for i in order:  # Alg. 3 l.5
+        size, norm = sizes[i], scaled[i]
+        if norm_remain > 0:  # Alg. 3 l.6-7: k_temp = k_remain * norm / norm_remain
+            num, den = k_remain * norm, norm_remain
+        else:  # Alg. 3 l.8-9: k_temp = 0
+            num, den = 0, 1
+        if size * den < num:  # Alg. 3 l.10: size < k_temp
+            k = size  # Alg. 3 l.11
+        else:
+            k = min(max(1, num // den), size)  # Alg. 3 l.12-13 (rounded down); min: empty layer -> 0
         ks[i] = k
         k_remain -= k  # Alg. 3 l.14
         norm_remain -= norm  # Alg. 3 l.15
@@ -341,7 +414,8 @@ def layer_cost(size: int, k: int) -> float:
     return float(size) * math.log(k) if k >= 1 else 0.0
 
 
-def bin_pack(sizes: Sequence[int], ks: Sequence[int], n_workers: int) -> list[list[int]]:
+def bin_pack(sizes: Sequence[int], ks: Sequence[int], n_workers: int,
+             cost_model: str = "eq3", layer_overhead: float = 0.0) -> list[list[int]]:
     """Allocate layers to workers' bins by cost (DEFT Alg. 4 l.4-15).
 
     4. size_bin <- zeros(n_workers)
@@ -359,6 +433,13 @@ def bin_pack(sizes: Sequence[int], ks: Sequence[int], n_workers: int) -> list[li
     a heap of ``(load, bin)``, which picks the same bin as line 12.  Layers
     with k = 1 cost 0: they add nothing to a bin's load and are placed last.
 
+    ``cost_model="size"`` replaces line 6-8's cost by ``sizes[i] +
+    layer_overhead`` (0 when ``ks[i] == 0``): the cost of a selection kernel
+    that makes one pass over the layer whatever its k (this project's
+    segmented top-k), plus a fixed per-layer cost in element units; eq. 3's
+    ``ln k`` factor misjudges that kernel's time.  The rest of the box is
+    unchanged.
+
     Returns ``alloc_bin``: ``n_workers`` lists of layer indices, each in the
     order the layers were placed.  Bins may be empty (fewer layers than
     workers).
@@ -369,7 +450,15 @@ def bin_pack(sizes: Sequence[int], ks: Sequence[int], n_workers: int) -> list[li
     n = len(size_list)
     alloc_bin: list[list[int]] = [[] for _ in range(n_workers)]  # Alg. 4 l.5
     size_bin = [(0.0, b) for b in range(n_workers)]  # Alg. 4 l.4, as a heap
-    cost = [layer_cost(size_list[i], k_list[i]) for i in range(n)]  # Alg. 4 l.6-8
+    if cost_model == "eq3":
+        cost = [layer_cost(size_list[i], k_list[i]) for i in range(n)]  # Alg. 4 l.6-8
+    elif cost_model == "size":
+        ov = float(layer_overhead)
+        if not math.isfinite(ov) or ov < 0:
+            raise ValueError(f"layer_overhead must be a finite number >= 0, got {layer_overhead!r}.")
+        cost = [float(size_list[i]) + ov if k_list[i] > 0 else 0.0 for i in range(n)]
+    else:
+        raise ValueError(f"cost_model must be 'eq3' or 'size', got {cost_model!r}.")
     by_cost = sorted(range(n), key=lambda i: (-cost[i], i))  # Alg. 4 l.9-11, 15
     for idx_max in by_cost:  # Alg. 4 l.9
         val_max = cost[idx_max]  # Alg. 4 l.10

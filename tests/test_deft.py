@@ -13,10 +13,14 @@ from mpisparse.layer_partition import (
     bin_pack,
     layerwise_topk,
     predicted_speedup,
+    split_large,
     two_stage_partition,
 )
 from mpisparse.schemes import SCHEMES, create, k_for
 from mpisparse.schemes.deft import (
+    PACK_COST,
+    PACK_LAYER_OVERHEAD,
+    PACK_PIECES,
     deft_layers,
     layer_norms,
     local_k,
@@ -38,11 +42,16 @@ def grad_of(layout, rank=0, t=0, seed=1):
 # --------------------------------------------------------------------------
 
 
-def test_deft_layers_is_alg2_on_the_layout():
-    for w in (1, 2, 3, 4, 16):
-        assert deft_layers(LAYOUT, w) == two_stage_partition([s.size for s in LAYOUT.layers], w)
+def test_deft_layers_is_alg2_on_the_layout_then_split_to_n_over_8w():
+    sizes = [s.size for s in LAYOUT.layers]
+    assert deft_layers(LAYOUT, 1) == two_stage_partition(sizes, 1)
+    for w in (2, 3, 4, 16):
+        cap = -(-LAYOUT.n // (PACK_PIECES * w))
+        got = deft_layers(LAYOUT, w)
+        assert got == split_large(two_stage_partition(sizes, w), cap)
+        assert all(l.size <= cap for l in got)
     # n = 1582: a.weight (1000) > 1582 / 2 -> split in two at W = 2
-    assert [(l.start, l.end) for l in deft_layers(LAYOUT, 2)][:2] == [(0, 500), (500, 1000)]
+    assert [(l.start, l.end) for l in two_stage_partition(sizes, 2)][:2] == [(0, 500), (500, 1000)]
 
 
 def test_layer_norms_match_numpy_and_empty_layers_are_zero():
@@ -116,7 +125,7 @@ def test_simulate_selection_times_shape_and_bookkeeping(w):
     layers = deft_layers(LAYOUT, w)
     sizes = [l.size for l in layers]
     ks = local_k(sizes, layer_norms(g, layers), k_for(0.05, LAYOUT.n))
-    bins = bin_pack(sizes, ks, w)
+    bins = bin_pack(sizes, ks, w, PACK_COST, PACK_LAYER_OVERHEAD)
     assert res["world_size"] == w and res["layers"] == len(layers) and res["k"] == k_for(0.05, LAYOUT.n)
     assert res["selected"] == int(ks.sum())
     assert len(res["per_rank_seconds"]) == w and all(s >= 0 for s in res["per_rank_seconds"])

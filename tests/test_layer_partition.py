@@ -21,6 +21,7 @@ from mpisparse.layer_partition import (
     my_part,
     predicted_speedup,
     selection_cost,
+    split_large,
     two_stage_partition,
 )
 
@@ -233,6 +234,54 @@ def test_bin_pack_three_workers_by_hand():
     # 0 -> 2 [32.958, 32.958, 50.752]; 5 -> 0 [41.005, 32.958, 50.752]
     # 4 -> 1
     assert bin_pack(BP_SIZES, BP_KS, 3) == [[2, 5], [3, 4], [1, 0]]
+
+
+def test_split_large_tiles_each_layer_exactly_once():
+    layers = [Layer(0, 10, 0), Layer(10, 13, 1), Layer(13, 13, 2), Layer(13, 30, 3)]
+    got = split_large(layers, 4)
+    # 10 -> 3 pieces 4, 3, 3; 3 stays; the empty layer stays; 17 -> 5 pieces 4, 4, 3, 3, 3
+    assert [(l.start, l.end, l.source) for l in got] == [
+        (0, 4, 0), (4, 7, 0), (7, 10, 0), (10, 13, 1), (13, 13, 2),
+        (13, 17, 3), (17, 21, 3), (21, 24, 3), (24, 27, 3), (27, 30, 3)]
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        sizes = rng.integers(0, 200, size=int(rng.integers(1, 12))).tolist()
+        cap = int(rng.integers(1, 60))
+        out = split_large(two_stage_partition(sizes, int(rng.integers(1, 6))), cap)
+        assert out[0].start == 0 and out[-1].end == sum(sizes)
+        assert all(a.end == b.start for a, b in zip(out, out[1:]))  # contiguous: every element once
+        assert all(l.size <= cap for l in out)
+    assert split_large(layers, 100) == layers
+    with pytest.raises(ValueError, match="max_size must be at least 1, got 0"):
+        split_large(layers, 0)
+
+
+def test_bin_pack_size_cost_model_by_hand():
+    # costs = sizes (every k > 0): 10, 40, 30, 30, 10, 5; order 1, 2, 3, 0, 4, 5.
+    # 1 -> 0 [40, 0]; 2 -> 1 [40, 30]; 3 -> 1 [40, 60]; 0 -> 0 [50, 60];
+    # 4 -> 0 [60, 60]; 5 -> 0 (tie) [65, 60]
+    assert bin_pack(BP_SIZES, BP_KS, 2, "size") == [[1, 0, 4, 5], [2, 3]]
+    # a layer with k = 0 costs 0 and is placed last
+    assert bin_pack([5, 5], [0, 3], 2, "size") == [[1], [0]]
+    with pytest.raises(ValueError, match="cost_model must be 'eq3' or 'size', got 'x'"):
+        bin_pack([5], [1], 1, "x")
+
+
+@pytest.mark.parametrize("model", ["resnet50", "lstm-wt2"])
+@pytest.mark.parametrize("w", [2, 4, 8, 16])
+def test_size_packing_balances_elements_on_model_shapes(model, w):
+    """Alg. 2, split_large to n / (8 W), the size-cost Alg. 4 on real shapes: the bins tile the layers and hold <= 1.2x the mean elements."""
+    from mpisparse.models.shapes import layer_shapes
+    from mpisparse.fusion import FusionLayout
+
+    layout = FusionLayout(layer_shapes(model))
+    layers = split_large(two_stage_partition([s.size for s in layout.layers], w), -(-layout.n // (8 * w)))
+    sizes = [layer.size for layer in layers]
+    bins = bin_pack(sizes, [1] * len(sizes), w, "size")
+    assert sorted(i for b in bins for i in b) == list(range(len(layers)))
+    loads = [sum(sizes[i] for i in b) for b in bins]
+    assert sum(loads) == layout.n
+    assert max(loads) <= 1.2 * layout.n / w, loads
 
 
 def test_bin_pack_fewer_layers_than_workers_and_one_worker():

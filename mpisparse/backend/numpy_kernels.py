@@ -392,10 +392,14 @@ def rowwise_topk_mask(X, k) -> np.ndarray:
 #    in :func:`topk_abs`), a little below the true ``k_i``-th largest.
 #    Segments with ``r_i >= m_i`` (small or dense) take threshold 0: every
 #    entry is a candidate.
-# 3. One chunked pass over the segments' concatenation collects the
-#    candidates ``key >= t[segment]`` (a chunk inside one segment compares
-#    with a scalar, a chunk spanning several with a per-element threshold
-#    made by ``np.repeat``), in segment order, ascending within a segment.
+# 3. One chunked pass over memory, run by run of adjacent segments (segments
+#    are walked in increasing start; many scattered runs are walked as one
+#    gathered concatenation instead, so the calls stay O(size / CHUNK)),
+#    collects the candidates ``key >= t[segment]``: a chunk inside one
+#    segment compares with a scalar, a chunk spanning several with their
+#    smallest threshold and one vectorised filter at the end (or per element,
+#    via ``np.repeat``, where that minimum lets many entries through).
+#    Segments taken whole are gathered directly, not compared.
 # 4. Segments with fewer than ``k_i`` candidates (rare: the margin) get a
 #    lowered rank and a second pass over those segments only (vectorised
 #    over them); after :data:`MAX_RETRIES` passes their threshold is 0.
@@ -405,10 +409,10 @@ def rowwise_topk_mask(X, k) -> np.ndarray:
 #    ``k_i - #(> q_i)`` candidates with key ``== q_i`` (lowest indices).
 #
 # Indices come back grouped by segment, in the order the segments were given.
-# Segments of at least :data:`SEG_BIG` elements skip all this and go to
-# :func:`topk_abs` one by one (see :func:`segment_topk_abs`): there a
-# per-segment ``argpartition`` of the candidates beats one big sort, and
-# their number is bounded by the data size, not by the segment count.  float64 input takes the same path with 64-bit
+# Segments of at least SEG_SMALL elements with k >= SEG_TOPK_K go to
+# :func:`topk_abs` one by one (at most k.sum() / SEG_TOPK_K of them); the
+# other large ones and the small ones take this path, in two calls.
+# float64 input takes the same path with 64-bit
 # keys; its combined sort is an ``np.lexsort`` (segment, key) instead.
 
 #: Row length of the row-sum pass of :func:`segment_norms`, and the piece
@@ -604,7 +608,7 @@ class _Virtual:
         return hi - lo
 
 
-def segment_plan(sizes: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def segment_plan(sizes: np.ndarray, ks: np.ndarray, sqrt_cap: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per segment ``(m_i, r_i)``: sample size and starting rank (the :func:`sample_plan` sizing, vectorised).
 
     ``m_i = 0`` marks a segment whose every entry is a candidate (no sample:
@@ -614,6 +618,10 @@ def segment_plan(sizes: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndar
     s = sizes.astype(np.float64)
     k = np.maximum(ks, 1).astype(np.float64)
     m = np.ceil(_SEG_SAMPLE_HITS * s / k)
+    # at most ~ sqrt(size) samples: beyond that the samples cost more than
+    # the extra candidates a coarser threshold lets through (both ~ sqrt(size))
+    if sqrt_cap:  # NumPy kernel only (its sample costs as much per entry as a candidate)
+        m = np.minimum(m, np.ceil(sqrt_cap * np.sqrt(s)))
     m = np.clip(m, _SEG_SAMPLE_MIN, _SEG_SAMPLE_MAX)
     m = np.maximum(1.0, np.minimum(m, np.floor(s / 8)))
     lam = m * k / np.maximum(s, 1.0)
@@ -628,6 +636,7 @@ def segment_plan(sizes: np.ndarray, ks: np.ndarray) -> tuple[np.ndarray, np.ndar
 _SEG_SAMPLE_HITS = 32
 _SEG_SAMPLE_MIN = 256
 _SEG_SAMPLE_MAX = 8192
+_SEG_SAMPLE_SQRT = 4.0
 
 
 def _seg_thresholds(samp_sorted: np.ndarray, soff: np.ndarray, m: np.ndarray, r: np.ndarray,
@@ -648,13 +657,13 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
     ``ks[i]`` per segment (``0 <= ks[i] <= sizes[i]``), grouped by segment
     in the given order, in no particular order within a segment.  On ties
     any of the tied entries; NaN ranks as the largest magnitude.  The number
-    of NumPy calls does not grow with the number of segments: segments of
-    fewer than :data:`SEG_BIG` elements are selected all together (the
-    algorithm in the section comment above), each larger one by
-    :func:`topk_abs` (whose chunked pass makes O(size / CHUNK) calls; there
-    are at most ``total size / SEG_BIG`` such segments, so a call makes
-    O(total size / CHUNK) NumPy calls in all).  ``rng`` only affects speed;
-    ``scratch`` (optional, like ``x``) is the large segments' scratch.
+    of NumPy calls does not grow with the number of segments: the segments
+    are selected together (the algorithm in the section comment above) in
+    O(total size / CHUNK) NumPy calls, except those with ``k_i >=
+    SEG_TOPK_K`` (at most ``sum(k) / SEG_TOPK_K`` of them), which go to
+    :func:`topk_abs` one by one.  ``rng`` only affects speed;
+    ``scratch`` is accepted for the API's sake and not needed (the pass
+    uses chunk-sized buffers).
     """
     x = _as_1d_float(x)
     if x.dtype == np.float16:
@@ -671,45 +680,162 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
     if out.size == 0:
         return out
     rng = _get_rng(rng)
-    big = (sz >= SEG_BIG) & (k > 0)
-    small = ~big & (k > 0)
-    if small.any():
-        si = np.flatnonzero(small)
-        got = _segment_topk_grouped(x, st[si], sz[si], k[si], rng)
-        if si.size == k.size or not big.any():
-            return got.astype(idt, copy=False)
-        # the small segments' output slots: their ranges of out, concatenated
-        ks_s = k[si]
+    on = k > 0
+    # small and large segments apart (see SEG_SMALL): two calls, their outputs put in their slots
+    # segments with a large k: topk_abs each (at most k.sum() / SEG_TOPK_K of them), whose
+    # single sample and float argpartition of the candidates beat the shared sort there
+    solo = np.flatnonzero(on & (k >= SEG_TOPK_K) & (sz >= SEG_SMALL))
+    if solo.size:
+        on = on.copy()
+        on[solo] = False
+        for i in solo.tolist():
+            a, e = int(st[i]), int(st[i] + sz[i])
+            o = out[ooff[i]:ooff[i + 1]]
+            o[...] = topk_abs(x[a:e], int(k[i]), rng=rng)
+            o += idt(a)
+        if not on.any():
+            return out
+    groups = [g for g in (np.flatnonzero(on & (sz < SEG_SMALL)), np.flatnonzero(on & (sz >= SEG_SMALL))) if g.size]
+    if solo.size:
+        len_one = False
+    else:
+        len_one = len(groups) == 1
+    if len_one:
+        g = groups[0]
+        if g.size == k.size:
+            return _segment_topk_grouped(x, st, sz, k, rng).astype(idt, copy=False)
+        return _segment_topk_grouped(x, st[g], sz[g], k[g], rng).astype(idt, copy=False)
+    for g in groups:
+        got = _segment_topk_grouped(x, st[g], sz[g], k[g], rng)
+        kg = k[g]
         slot = np.arange(got.size, dtype=np.int64)
-        slot += np.repeat(ooff[si] - (np.cumsum(ks_s) - ks_s), ks_s)
+        slot += np.repeat(ooff[g] - (np.cumsum(kg) - kg), kg)
         out[slot] = got
-    for i in np.flatnonzero(big):  # at most (total size) / SEG_BIG of them
-        a, e = int(st[i]), int(st[i] + sz[i])
-        sl = None if scratch is None else scratch[a:e]
-        loc = topk_abs(x[a:e], int(k[i]), scratch=sl, rng=rng)
-        o = out[ooff[i]:ooff[i + 1]]
-        o[...] = loc
-        o += idt(a)
     return out
 
 
-#: Segments of at least this many elements are selected one by one by
-#: :func:`topk_abs` (see :func:`segment_topk_abs`).  Measured on resnet50's
-#: DEFT layers at density 0.01, W = 1, 4, 16 (``mpisparse bench select --mode
-#: deft``, 2 cores): 16384 is on par with a per-layer loop at every W,
-#: 131072 was 10-80 % slower (the vectorised path's sample and sort cost more
-#: than the per-call overhead they save on mid-sized segments).
-SEG_BIG = 1 << 14
+#: Segments below this size are selected apart from the main pass (see
+#: :func:`_segment_topk_grouped`).
+SEG_SMALL = 8192
+
+#: Segments with at least this k are selected one by one by :func:`topk_abs`
+#: (see :func:`segment_topk_abs`).
+SEG_TOPK_K = 1 << 13
+
+#: Segments with at least this many candidates find their k-th largest by a
+#: partition of their own (float32 input); the others share one sort.
+SEG_PART_MIN = 1 << 15
+
+
+def _seg_pass(x: np.ndarray, st: np.ndarray, sz: np.ndarray, tkey: np.ndarray,
+              kbuf: np.ndarray, bbuf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Flat positions (ascending) and keys of the entries with ``key >= tkey[segment]``.
+
+    The segments must be non-empty and ascending in ``x``.  Walks the runs of
+    adjacent segments in chunks of real memory (no gather; runs shorter than
+    ``C / 8``, when there are more than 4, are walked as one gathered
+    concatenation instead, so the calls stay O(size / C)).  A chunk inside
+    one segment compares with that segment's scalar threshold; a chunk
+    spanning several compares each segment's part with its own scalar (up to
+    8 of them; more: per element via ``np.repeat``).  A threshold equal to
+    the key type's maximum marks a segment the caller handles apart: it is
+    skipped.
+    """
+    end = st + sz
+    S = st.size
+    brk = np.flatnonzero(st[1:] != end[:-1]) + 1
+    C = kbuf.shape[0]
+    rs_a = np.concatenate([[0], brk])
+    re_a = np.concatenate([brk, [S]])
+    pos_parts, key_parts = [], []
+    rlen = end[re_a - 1] - st[rs_a]
+    short = rlen * 8 < C
+    if short.sum() > 4:  # many short runs: walk their concatenation (gathers), so that the
+        # calls stay O(size / C): the long runs are at most 8 size / C, walked below
+        sseg = np.repeat(short, re_a - rs_a)
+        V = _Virtual(st[sseg], sz[sseg])
+        vpos, key = V.select(x, tkey[sseg], kbuf)
+        if vpos.size:
+            pos_parts.append(vpos + V.delta[np.repeat(np.arange(V.st.size, dtype=np.int64), V.counts(vpos))])
+            key_parts.append(key)
+        rs_a, re_a = rs_a[~short], re_a[~short]
+    gathered = pos_parts[0] if pos_parts else None
+    gkey = key_parts[0] if pos_parts else None
+    pos_parts, key_parts = [], []
+    rs = rs_a.tolist()
+    re_ = re_a.tolist()
+    ss, fnz, ge = np.searchsorted, np.flatnonzero, np.greater_equal
+    tnone = np.iinfo(tkey.dtype).max  # "no hits here" (the caller's mark for segments it handles apart)
+    for a_seg, b_seg in zip(rs, re_):
+        a, b = int(st[a_seg]), int(end[b_seg - 1])
+        if b_seg - a_seg == 1:  # one segment: scalar threshold throughout
+            t = tkey[a_seg]
+            for c0 in range(a, b, C):
+                m = min(b, c0 + C) - c0
+                kb = _keys(x[c0:c0 + m], kbuf[:m])
+                hit = ge(kb, t, out=bbuf[:m]).nonzero()[0]
+                if hit.size:
+                    key_parts.append(kb[hit])
+                    hit += c0
+                    pos_parts.append(hit)
+            continue
+        e_run, s_run = end[a_seg:b_seg], st[a_seg:b_seg]
+        c0s = np.arange(a, b, C, dtype=np.int64)
+        c1s = np.minimum(c0s + C, b)
+        s0s = ss(e_run, c0s, "right").tolist()  # segments s0..s1-1 of the run overlap [c0, c1)
+        s1s = ss(s_run, c1s, "left").tolist()
+        for c0, c1, s0, s1 in zip(c0s.tolist(), c1s.tolist(), s0s, s1s):
+            m = c1 - c0
+            kb = _keys(x[c0:c1], kbuf[:m])
+            if s1 - s0 == 1:
+                hit = ge(kb, tkey[a_seg + s0], out=bbuf[:m]).nonzero()[0]
+                if hit.size:
+                    key_parts.append(kb[hit])
+                    hit += c0
+                    pos_parts.append(hit)
+                continue
+            tt = tkey[a_seg + s0:a_seg + s1]
+            live = np.flatnonzero(tt != tnone)
+            lo = np.maximum(s_run[s0:s1], c0) - c0
+            hi = np.minimum(e_run[s0:s1], c1) - c0
+            if live.size > 8:  # many segments in the chunk: entry by entry
+                hit = fnz(ge(kb, np.repeat(tt, hi - lo), out=bbuf[:m]))
+                if hit.size:
+                    key_parts.append(kb[hit])
+                    hit += c0
+                    pos_parts.append(hit)
+                continue
+            for j in live.tolist():  # each segment's part of the chunk with its own scalar
+                lj, hj = int(lo[j]), int(hi[j])
+                kj = kb[lj:hj]
+                hit = fnz(ge(kj, tt[j], out=bbuf[lj:hj]))
+                if hit.size:
+                    key_parts.append(kj[hit])
+                    hit += c0 + lj
+                    pos_parts.append(hit)
+    if not pos_parts:
+        if gathered is not None:
+            return gathered, gkey
+        return np.empty(0, np.int64), np.empty(0, kbuf.dtype)
+    pos, key = np.concatenate(pos_parts), np.concatenate(key_parts)
+    if gathered is not None:  # merge the gathered short runs' ascending positions (no sort)
+        at = np.searchsorted(pos, gathered)
+        pos, key = np.insert(pos, at, gathered), np.insert(key, at, gkey)
+    return pos, key
 
 
 def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.ndarray, rng) -> np.ndarray:
     """The segmented algorithm of the section comment on segments with ``k > 0``: flat int64 indices, grouped."""
+    order = None
+    if st.size > 1 and bool(np.any(st[1:] < st[:-1])):  # walk memory forward; regroup at the end
+        order = np.argsort(st, kind="stable")
+        st, sz, k = st[order], sz[order], k[order]
     S = st.size
     wide = x.dtype.itemsize == 8
     kdt = np.uint64 if wide else np.uint32
 
     # 2. per-segment thresholds from one sample
-    m, r = segment_plan(sz, k)
+    m, r = segment_plan(sz, k, _SEG_SAMPLE_SQRT)
     soff = np.zeros(S + 1, dtype=np.int64)
     np.cumsum(m, out=soff[1:])
     M = int(soff[-1])
@@ -730,20 +856,38 @@ def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.n
         samp = np.empty(0, dtype=np.uint64)
     tkey = _seg_thresholds(samp, soff[:-1], m, r, kdt, wide)
 
-    # 3. one chunked candidate pass over all segments
-    V = _Virtual(st, sz)
-    kbuf = np.empty(min(max(V.total, 1), CHUNK), dtype=kdt)
-    vpos, ckey = V.select(x, tkey, kbuf)
-    cnt = V.counts(vpos)
-    cseg = np.repeat(np.arange(S, dtype=np.int64), cnt)
-    real = None  # flat indices, made from vpos at the end (or on a retry)
+    # 3. one chunked candidate pass over the segments' memory.  The small
+    # segments (fewer than SEG_SMALL elements, or taken whole: m_i == 0) are
+    # left out of it and walked as one gathered concatenation instead, so
+    # that their coarse thresholds (few samples) do not lower the scalar
+    # threshold of the chunks they share with large segments.
+    C = min(int(sz.sum()) if S else 1, CHUNK)
+    kbuf = np.empty(max(C, 1), dtype=kdt)
+    bbuf = np.empty(max(C, 1), dtype=np.bool_)
+    end = st + sz
+    small = (m == 0) | (sz < SEG_SMALL)
+    if small.all():
+        V = _Virtual(st, sz)
+        vpos, ckey = V.select(x, tkey, kbuf)
+        real = vpos + V.delta[np.repeat(np.arange(S), V.counts(vpos))]
+    elif small.any():
+        tpass = tkey.copy()
+        tpass[small] = np.iinfo(kdt).max  # above every key (the sign bit is masked off): no hits there
+        real, ckey = _seg_pass(x, st, sz, tpass, kbuf, bbuf)
+        V = _Virtual(st[small], sz[small])
+        vpos, vkey = V.select(x, tkey[small], kbuf)
+        if vpos.size:  # merge two ascending position lists (no sort)
+            vreal = vpos + V.delta[np.repeat(np.arange(V.st.size), V.counts(vpos))]
+            at = np.searchsorted(real, vreal)
+            real, ckey = np.insert(real, at, vreal), np.insert(ckey, at, vkey)
+    else:
+        real, ckey = _seg_pass(x, st, sz, tkey, kbuf, bbuf)
+    cnt = np.searchsorted(real, end, "left") - np.searchsorted(real, st, "left")
 
     # 4. too few candidates: lower those segments' thresholds, pass over them only
     short = np.flatnonzero(cnt < k)
     tries = 1
     while short.size:
-        if real is None:
-            real = vpos + V.delta[cseg]
         if tries >= MAX_RETRIES:
             tnew = np.zeros(short.size, dtype=kdt)
         else:
@@ -751,20 +895,17 @@ def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.n
             r[short] = rr
             tnew = _seg_thresholds(samp, soff[:-1][short], m[short], rr, kdt, wide)
         tries += 1
-        Vs = _Virtual(st[short], sz[short])
-        p2, k2 = Vs.select(x, tnew, kbuf)
-        c2 = Vs.counts(p2)
-        s2 = np.repeat(short, c2)
-        keep = np.ones(S, dtype=bool)
-        keep[short] = False
-        kc = keep[cseg]
-        cseg = np.concatenate([cseg[kc], s2])
-        real = np.concatenate([real[kc], p2 + Vs.delta[np.repeat(np.arange(short.size), c2)]])
-        ckey = np.concatenate([ckey[kc], k2])
-        order = np.argsort(cseg, kind="stable")  # regroup by segment (rare path)
-        cseg, real, ckey = cseg[order], real[order], ckey[order]
-        cnt[short] = c2
-        short = short[c2 < k[short]]
+        p2, k2 = _seg_pass(x, st[short], sz[short], tnew, kbuf, bbuf)
+        drop = np.zeros(S, dtype=bool)
+        drop[short] = True
+        keep = ~drop[np.searchsorted(end, real, "right")]
+        real = np.concatenate([real[keep], p2])
+        ckey = np.concatenate([ckey[keep], k2])
+        o = np.argsort(real)  # regroup by position, hence by segment (rare path)
+        real, ckey = real[o], ckey[o]
+        cnt = np.searchsorted(real, end, "left") - np.searchsorted(real, st, "left")
+        short = short[cnt[short] < k[short]]
+    cseg = np.repeat(np.arange(S, dtype=np.int64), cnt)
 
     # 5. exact resolution: each segment's k-th largest candidate key
     coff = np.zeros(S + 1, dtype=np.int64)
@@ -772,18 +913,43 @@ def _segment_topk_grouped(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.n
     if wide:
         q = ckey[np.lexsort((ckey, cseg))[coff[1:] - k]]
     else:
-        ck = cseg.astype(np.uint64)
-        ck <<= np.uint64(32)
-        ck |= ckey
-        ck.sort()
-        q = (ck[coff[1:] - k] & np.uint64(0xFFFFFFFF)).astype(kdt)
+        # segments with many candidates: a partition of their own keys each (linear; at most
+        # (candidates) / SEG_PART_MIN of them); the rest: one sort of the combined keys (segment, key)
+        big = np.flatnonzero(cnt >= SEG_PART_MIN)
+        q = np.zeros(S, dtype=kdt)
+        for i in big.tolist():
+            seg_keys = ckey[coff[i]:coff[i + 1]]
+            j = seg_keys.size - int(k[i])
+            q[i] = np.partition(seg_keys, j)[j]
+        if big.size < S:
+            rest = cnt < SEG_PART_MIN
+            on = rest[cseg]
+            ck = cseg[on].astype(np.uint64)
+            ck <<= np.uint64(32)
+            ck |= ckey[on]
+            ck.sort()
+            roff = np.zeros(S + 1, dtype=np.int64)
+            np.cumsum(np.where(rest, cnt, 0), out=roff[1:])
+            ri = np.flatnonzero(rest)
+            q[ri] = (ck[roff[1:][ri] - k[ri]] & np.uint64(0xFFFFFFFF)).astype(kdt)
     qc = q[cseg]
     take = ckey >= qc
     if np.count_nonzero(take) != k.sum():  # ties at some q_i: only the first (k_i - #(> q_i)) of them
-        gt = ckey > qc
-        eq = take & ~gt
-        need = k - np.bincount(cseg[gt], minlength=S)
-        ceq = np.cumsum(eq)
-        before = np.concatenate([[0], ceq])[coff[:-1]]
-        take = gt | (eq & (ceq - before[cseg] <= need[cseg]))
-    return real[take] if real is not None else vpos[take] + V.delta[cseg[take]]
+        eqi = np.flatnonzero(ckey == qc)  # the tied entries (few), grouped by segment, ascending
+        es = cseg[eqi]
+        ge_cnt = np.add.reduceat(take, coff[:-1], dtype=np.int64)  # every segment has >= k_i >= 1 candidates
+        need = k - (ge_cnt - np.bincount(es, minlength=S))  # k_i minus the entries strictly above q_i
+        rank = np.arange(eqi.size) - np.searchsorted(es, es, "left")  # position among its segment's ties
+        take[eqi[rank >= need[es]]] = False
+    sel = real[take]
+    if order is None:
+        return sel
+    # sorted group j is given segment order[j]: put the groups back in the given order
+    koff = np.zeros(S + 1, dtype=np.int64)
+    np.cumsum(k, out=koff[1:])
+    inv = np.empty(S, dtype=np.int64)
+    inv[order] = np.arange(S)
+    kg = k[inv]  # k of the given segments, in the given order
+    slot = np.arange(sel.size, dtype=np.int64)
+    slot += np.repeat(koff[inv] - (np.cumsum(kg) - kg), kg)
+    return sel[slot]

@@ -56,7 +56,13 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
             f">= {BOUND_FRACTION:g} x W / imbalance at the largest W",
             ", ".join(f"{s_:.2f}x of bound {b_:.2f}x (W={w_})" for w_, s_, b_ in bound),
             s >= BOUND_FRACTION * b,
-            note=f"holds = speedup >= {BOUND_FRACTION:g} x W / imbalance at W={w}"))
+            note=f"holds = speedup >= {BOUND_FRACTION:g} x W / imbalance at W={w}. "
+                 + (f"Against DEFT's own W=1 run (the same kernel on the whole vector) the speedup at W={w} is "
+                    f"{s / sp[0]:.2f}x, {s / sp[0] / b:.2f} of the bound: the split itself scales; the shortfall "
+                    f"is the W=1 layer-wise selection, {sp[0]:.2f}x the speed of one whole-vector top-k "
+                    "(per-layer sample thresholds need a margin each, so the layers together pass 2-4x k "
+                    "candidates where one top-k passes about 1.8x k, plus a sample per layer)"
+                    if ws and ws[0] == 1 and sp[0] > 0 else "")))
     return claims
 
 

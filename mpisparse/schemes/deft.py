@@ -91,9 +91,21 @@ from ..layer_partition import (
     my_part,
     predicted_speedup,
     selection_cost,
+    split_large,
     two_stage_partition,
 )
 from .base import Scheme, k_for, register, validate_density
+
+#: Cost model of the leader's bin packing (Alg. 4 l.6-8): ``"size"``, one
+#: unit per element, because the segmented top-k makes one pass over each
+#: layer whatever its k; the paper's ``n_x ln k_x`` (``"eq3"``) left the
+#: measured per-rank times 1.3-1.4x apart at W = 8-16 on resnet50 shapes
+#: (``bench select --mode deft``, density 0.001) while its own costs were equal.
+PACK_COST = "size"
+#: The size model's fixed cost per layer, in elements: the pass's per-layer
+#: calls cost about as much as 32K elements' worth of the pass (measured:
+#: bins of equal size, 11 vs 28 layers, 2.3 vs 3.2 ms at W = 16).
+PACK_LAYER_OVERHEAD = 32768.0
 
 __all__ = ["Deft", "deft_layers", "layer_norms", "local_k", "select_layers",
            "simulate_selection_times"]
@@ -104,9 +116,22 @@ __all__ = ["Deft", "deft_layers", "layer_norms", "local_k", "select_layers",
 # --------------------------------------------------------------------------
 
 
+#: Granularity of the bin packing: for ``W > 1`` workers, every layer Alg. 2
+#: leaves larger than ``n / (PACK_PIECES * W)`` is cut further
+#: (:func:`mpisparse.layer_partition.split_large`), so one layer can exceed
+#: a bin's ideal load by at most ``1 / PACK_PIECES``.
+PACK_PIECES = 8
+
+
 def deft_layers(layout, world_size: int) -> list[Layer]:
-    """Alg. 2 on a fusion layout: its tensors split for ``world_size`` workers."""
-    return two_stage_partition([s.size for s in layout.layers], world_size)
+    """Alg. 2 on a fusion layout, its tensors split for ``world_size`` workers,
+    then (``world_size > 1``) every piece above ``n / (PACK_PIECES * W)``
+    elements cut into near-equal pieces (:func:`split_large`)."""
+    sizes = [s.size for s in layout.layers]
+    layers = two_stage_partition(sizes, world_size)  # Alg. 2
+    if world_size > 1 and sum(sizes) > 0:
+        layers = split_large(layers, -(-sum(sizes) // (PACK_PIECES * world_size)))
+    return layers
 
 
 def _spans(layers: Sequence[Layer]) -> tuple[np.ndarray, np.ndarray]:
@@ -115,14 +140,14 @@ def _spans(layers: Sequence[Layer]) -> tuple[np.ndarray, np.ndarray]:
     return a[:, 0], a[:, 1]
 
 
-def layer_norms(vec, layers: Sequence[Layer]) -> np.ndarray:
+def layer_norms(vec, layers: Sequence[Layer], spans=None) -> np.ndarray:
     """L2 norm of ``vec`` over every layer (input of Alg. 3), as float64.
 
     All layers in O(1) kernel calls (:func:`mpisparse.backend.segment_norms`:
     sums of squares accumulated per row of ``vec`` in its dtype, combined in
     float64; a float32 overflow is redone in float64).  Empty layers give 0.
     """
-    starts, sizes = _spans(layers)
+    starts, sizes = _spans(layers) if spans is None else spans
     return backend.segment_norms(vec, starts, sizes)
 
 
@@ -139,7 +164,7 @@ def local_k(sizes: Sequence[int], norms: Sequence[float], k_total: int) -> np.nd
 
 
 def select_layers(vec, layers: Sequence[Layer], ks: Sequence[int], part: Sequence[int],
-                  scratch=None):
+                  scratch=None, spans=None):
     """Alg. 5: top-``ks[x]`` by magnitude in each layer ``x`` of ``part``.
 
     The fast counterpart of :func:`mpisparse.layer_partition.layerwise_topk`:
@@ -147,9 +172,11 @@ def select_layers(vec, layers: Sequence[Layer], ks: Sequence[int], part: Sequenc
     call (no per-layer loop; indices in any order within a layer).  Returns
     the flat indices of ``vec`` (``backend.index_dtype(vec.size)``), layer by
     layer in the order of ``part``.  ``scratch`` (optional) is a buffer like
-    ``vec`` the kernel may overwrite.
+    ``vec`` the kernel may overwrite.  ``spans`` (optional) is the layers'
+    ``(starts, sizes)`` arrays computed once by the caller (building them
+    walks every layer in Python, 0.7 ms for 288 layers).
     """
-    starts, sizes = _spans(layers)
+    starts, sizes = _spans(layers) if spans is None else spans
     p = np.asarray(part, dtype=np.int64).reshape(-1)
     k = np.asarray(ks, dtype=np.int64).reshape(-1)
     return backend.segment_topk_abs(vec, starts[p], sizes[p], k[p], scratch=scratch)  # Alg. 5 l.2-6
@@ -183,14 +210,15 @@ def simulate_selection_times(layout, grad, density: float, world_size: int,
     k = k_for(density, n)
     layers = deft_layers(layout, world_size)  # Alg. 2
     sizes = [layer.size for layer in layers]
+    spans = _spans(layers)
 
     norms_s = alloc_s = math.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
-        norms = layer_norms(grad, layers)
+        norms = layer_norms(grad, layers, spans)
         t1 = time.perf_counter()
         ks = local_k(sizes, norms, k)  # Alg. 3
-        bins = bin_pack(sizes, ks, world_size)  # Alg. 4 l.4-15
+        bins = bin_pack(sizes, ks, world_size, PACK_COST, PACK_LAYER_OVERHEAD)  # Alg. 4 l.4-15
         t2 = time.perf_counter()
         norms_s, alloc_s = min(norms_s, t1 - t0), min(alloc_s, t2 - t1)
 
@@ -200,7 +228,7 @@ def simulate_selection_times(layout, grad, density: float, world_size: int,
     for _ in range(repeats):  # ranks interleaved, so a burst of load hits them alike
         for rank, part in enumerate(parts):
             s = time.perf_counter()
-            idx = select_layers(grad, layers, ks, part, scratch)  # Alg. 5
+            idx = select_layers(grad, layers, ks, part, scratch, spans)  # Alg. 5
             backend.synchronize(idx)
             per_rank[rank] = min(per_rank[rank], time.perf_counter() - s)
     mx, mean = max(per_rank), sum(per_rank) / world_size
@@ -242,6 +270,7 @@ class Deft(Scheme):
         W = self.comm.size
         self.layers: list[Layer] = deft_layers(self.layout, W)  # Alg. 2, once
         self.layer_sizes = [layer.size for layer in self.layers]
+        self._spans = _spans(self.layers)
         self._bins = np.zeros(len(self.layers), dtype=np.int32)  # Alg. 4 l.16 payload
         self._scratch = None
         #: this rank's select-phase seconds of the last step (own compute)
@@ -265,11 +294,11 @@ class Deft(Scheme):
 
         with self.phase("select"):
             s0 = time.perf_counter()
-            norms = layer_norms(acc, self.layers)
+            norms = layer_norms(acc, self.layers, self._spans)
             ks = local_k(self.layer_sizes, norms, self.k)  # Alg. 3, own norms
             cycle = leader(t, W)  # Alg. 4 l.1
             if rank == cycle:  # Alg. 4 l.3
-                self._bins[...] = encode_bins(bin_pack(self.layer_sizes, ks, W), len(self.layers))  # l.4-15
+                self._bins[...] = encode_bins(bin_pack(self.layer_sizes, ks, W, PACK_COST, PACK_LAYER_OVERHEAD), len(self.layers))  # l.4-15
             s1 = time.perf_counter()
 
         with self.phase("exchange_indices"):
@@ -278,7 +307,7 @@ class Deft(Scheme):
         with self.phase("select"):
             s2 = time.perf_counter()
             part = decode_bins(self._bins, W)[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
-            idx = select_layers(acc, self.layers, ks, part, self._scratch)  # Alg. 1 l.6 = Alg. 5
+            idx = select_layers(acc, self.layers, ks, part, self._scratch, self._spans)  # Alg. 1 l.6 = Alg. 5
             backend.synchronize(idx)
             s3 = time.perf_counter()
 

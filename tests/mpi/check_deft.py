@@ -16,7 +16,9 @@ reference ``layerwise_topk`` for Alg. 5, and plain NumPy for the rest.
 import numpy as np
 from _common import RankWorld, close
 
-from mpisparse.layer_partition import assign_local_k, bin_pack, encode_bins, layerwise_topk, two_stage_partition
+from mpisparse.layer_partition import (assign_local_k, bin_pack, encode_bins, layerwise_topk, split_large,
+                                      two_stage_partition)
+from mpisparse.schemes.deft import PACK_COST, PACK_LAYER_OVERHEAD, deft_layers
 from mpisparse.schemes import create, k_for
 
 LAYERS = [("a.weight", (40, 25)), ("a.bias", (25,)), ("b.weight", (300,)), ("b.bias", (30,)),
@@ -30,9 +32,12 @@ comm, W, rank, layout, n, grads = world
 
 # Alg. 2 by hand for this layout: n = 2129; a.weight (1000) is split when 1000 > 2129 / W
 SPANS = {1: 10, 2: 10, 3: 12, 4: 13}
-layers = two_stage_partition([s.size for s in layout.layers], W)
+alg2 = two_stage_partition([s.size for s in layout.layers], W)
 if W in SPANS:
-    assert len(layers) == SPANS[W], (W, len(layers))
+    assert len(alg2) == SPANS[W], (W, len(alg2))
+layers = deft_layers(layout, W)  # Alg. 2, then the pieces above n / (8 W) cut further
+assert [(l.start, l.end) for l in layers] == [(l.start, l.end) for l in split_large(alg2, -(-n // (8 * W)))] \
+    if W > 1 else layers == alg2
 sizes = [layer.size for layer in layers]
 
 
@@ -55,7 +60,7 @@ def reference(density, memory=True, steps=STEPS):
         accs = [resid[r] + grads[t][r] for r in range(W)]  # Alg. 1 l.5
         ks = [ks_of(accs[r], k) for r in range(W)]  # Alg. 3, each rank its own norms
         cycle = t % W  # Alg. 4 l.1
-        bins_by = [bin_pack(sizes, ks[r], W) for r in range(W)]  # what each rank would pack
+        bins_by = [bin_pack(sizes, ks[r], W, PACK_COST, PACK_LAYER_OVERHEAD) for r in range(W)]  # what each rank would pack
         bins = bins_by[cycle]  # Alg. 4 l.3-16: the leader's
         own = [np.sort(layerwise_topk(accs[r], layers, ks[r], bins[(cycle + r) % W])[0]) for r in range(W)]
         union = np.concatenate(own)  # Alg. 1 l.7
