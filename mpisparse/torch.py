@@ -47,6 +47,9 @@ are ``update``.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -59,35 +62,56 @@ from .schemes import create
 from .timing import PhaseTimer
 
 
+from .torch_api import (Average, Compression, Max, Min, Sum, allgather, allgather_object,  # noqa: E402
+                        allreduce, broadcast, broadcast_, broadcast_object, broadcast_optimizer_state,
+                        broadcast_parameters, init, is_initialized, local_rank, local_size, rank, size)
+
+__all__ = ["Average", "Compression", "DistributedOptimizer", "Max", "Min", "Sum", "allgather", "allgather_object",
+           "allreduce", "broadcast", "broadcast_", "broadcast_object", "broadcast_optimizer_state",
+           "broadcast_parameters", "comm_hook", "init", "is_initialized", "join", "local_rank", "local_size",
+           "rank", "size"]
+
+
+def _launched_size() -> int:
+    """The world size an MPI launcher announced in the environment (1 when none)."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
 def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-class DistributedOptimizer:
-    """Wrap ``optimizer`` so that each step exchanges gradients with ``scheme``.
+class _DistributedMixin:
+    """The exchange added to a torch optimizer's class by :func:`DistributedOptimizer`.
 
-    Parameters
-    ----------
-    optimizer: a ``torch.optim.Optimizer`` over ``model``'s parameters.
-    model: the module whose trainable parameters form the fusion buffer.
-    scheme, density, memory, seed, **scheme_options: passed to the scheme.
-    comm: a :class:`mpisparse.comm.Communicator` (COMM_WORLD when omitted).
-    timer: a :class:`mpisparse.timing.PhaseTimer` to time the phases.
-    broadcast: broadcast rank 0's parameters and buffers first.
+    An instance shares ``param_groups``, ``state`` and ``defaults`` with the
+    wrapped optimizer (the same objects), so it is a ``torch.optim.Optimizer``
+    that learning-rate schedulers and checkpoints treat as the wrapped one.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, scheme: str = "dense",
-                 density: float = 1.0, *, comm: Communicator | None = None, timer: PhaseTimer | None = None,
-                 memory: bool = True, seed: int = 0, broadcast: bool = True, **scheme_options: Any):
+    def _setup(self, optimizer, named, model, scheme, density, comm, timer, memory, seed, broadcast,
+               compression, backward_passes_per_step, op, gradient_predivide_factor, scheme_options):
         self.optimizer = optimizer
         self.model = model
-        self.comm = comm if comm is not None else Communicator()
+        self.comm = comm if comm is not None else _default_comm()
         self.timer = timer if timer is not None else PhaseTimer(enabled=False)
-        named = _trainable(model)
         if not named:
             raise ValueError("the model has no trainable parameters")
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step is {backward_passes_per_step}; allowed: an integer >= 1")
+        if op not in ("average", "sum"):
+            raise ValueError(f"op is {op!r}; allowed: Average, Sum")
+        if not gradient_predivide_factor > 0:
+            raise ValueError(f"gradient_predivide_factor is {gradient_predivide_factor}; allowed: > 0")
         self.params = [p for _, p in named]
         self.layout = FusionLayout([(n, tuple(p.shape)) for n, p in named])
+        self.compression = compression
+        self.backward_passes_per_step = int(backward_passes_per_step)
+        self.op = op
+        self.gradient_predivide_factor = float(gradient_predivide_factor)
         self.scheme = create(scheme, self.comm, self.layout, density, memory=memory, timer=self.timer,
                              seed=seed, **scheme_options)
         if self.scheme.provides_momentum:
@@ -102,9 +126,15 @@ class DistributedOptimizer:
         self._grad_views = [self._flat[s.offset:s.end].view(s.shape) for s in self.layout.layers]
         self.buffer = backend.as_array(self._flat)
         self.scheme.use_array_module(backend.array_module(self.buffer))
-        self._flag = np.zeros(1, dtype=np.int32)
+        self._flag = np.zeros(3, dtype=np.int32)  # [non-finite, active (not joined), rank joining now]
+        self._active, self._joining_now = 1, -1
         self.skipped_steps = 0
         self.steps = 0
+        self.snapshots = 0
+        self._param_amax = float("inf")  # largest |parameter| after the last step (inf: unknown)
+        self._synchronized = False
+        self._skip_sync = False
+        self._passes = 0
         if broadcast:
             self.broadcast_parameters()
 
@@ -116,15 +146,22 @@ class DistributedOptimizer:
         self.comm.bcast(backend.as_array(flat), root)
         for p, s in zip(self.params, self.layout.layers):
             p.copy_(flat[s.offset:s.end].view(p.shape))
-        for b in self.model.buffers():
+        for b in (self.model.buffers() if self.model is not None else ()):
             if b.is_floating_point() and b.numel():
                 arr = b.detach().to(torch.float32).reshape(-1).clone()
                 self.comm.bcast(backend.as_array(arr), root)
                 b.copy_(arr.view_as(b))
 
     # -------------------------------------------------------------- step
-    def zero_grad(self, set_to_none: bool = False) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+    def _write_back(self, out) -> None:
+        """The scheme's output into ``.grad``: a zero-copy torch view of it, copied on the device."""
+        flat = backend.to_torch(out)
+        if self.op == "sum":
+            flat = flat * self.comm.size
+        for p, s in zip(self.params, self.layout.layers):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            p.grad.copy_(flat[s.offset:s.end].view(p.grad.shape))
 
     def _gather_grads(self) -> None:
         """Copy ``.grad`` into the fusion buffer (torch ops on the device) and flag a non-finite value."""
@@ -133,51 +170,106 @@ class DistributedOptimizer:
                 view.zero_()
             else:
                 view.copy_(p.grad.detach().reshape(view.shape))
+        if self.gradient_predivide_factor != 1.0:
+            self._flat.div_(self.gradient_predivide_factor)
+        if self.compression is not None and getattr(self.compression, "__name__", "") == "_FP16Compression":
+            # the values the wire carries: rounded to float16 (the dense exchange sums them in float32)
+            self._flat.copy_(self._flat.to(torch.float16).to(torch.float32))
         finite = backend.all_finite(self.buffer)  # on the buffer's device
         self._flag[0] = 0 if bool(finite) else 1  # an explicit host read (1 byte)
 
     def _all_finite(self) -> bool:
         """Agree over ranks (4-byte Allreduce, max) whether every rank's gradient is finite."""
+        self._flag[1], self._flag[2] = self._active, self._joining_now
         self.comm.allreduce(self._flag, self._flag, op="max")
+        self._others_active = bool(self._flag[1])
         return self._flag[0] == 0
 
-    def _write_back(self, out) -> None:
-        """The scheme's output into ``.grad``: a zero-copy torch view of it, copied on the device."""
-        flat = backend.to_torch(out)
-        for p, s in zip(self.params, self.layout.layers):
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.copy_(flat[s.offset:s.end].view(p.grad.shape))
-
     @torch.no_grad()
-    def step(self, closure=None) -> bool:
-        """Exchange gradients and step; returns False when the step was skipped."""
-        if closure is not None:
-            with torch.enable_grad():
-                closure()
+    def synchronize(self) -> bool:
+        """Exchange the gradients now and write the aggregate into ``.grad`` (Horovod's ``synchronize``).
+
+        Returns False (and zeroes the gradients, counting a skipped step)
+        when a rank's gradient or the exchanged update is not finite.
+        """
+        self._synchronized = True
         with self.timer.phase("compensate"):
             self._gather_grads()
         with self.timer.phase("wait"):
             finite = self._all_finite()
-        if not finite:
-            self.skipped_steps += 1
-            self.optimizer.zero_grad(set_to_none=False)
+        if not self._others_active:  # every rank has joined (see join()): no exchange
+            self._sync_ok = False
             return False
+        if not finite:
+            return self._skip()
         out = self.scheme.step(self.buffer)
         if not self._update_finite(out):  # the exchange overflowed: skipped like a non-finite gradient
-            self.skipped_steps += 1
-            self.optimizer.zero_grad(set_to_none=False)
-            return False
+            return self._skip()
         with self.timer.phase("update"):
             self._write_back(out)
-            self._snapshot_parameters()
-            self.optimizer.step()
+            if self.gradient_predivide_factor != 1.0:
+                for p in self.params:
+                    p.grad.mul_(self.gradient_predivide_factor)
+        self._sync_ok = True
+        return True
+
+    def _skip(self) -> bool:
+        self.skipped_steps += 1
+        self.optimizer.zero_grad(set_to_none=False)
+        self._sync_ok = False
+        return False
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within it, :meth:`step` does not exchange again (call :meth:`synchronize` first)."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
+
+    @torch.no_grad()
+    def step(self, closure=None) -> bool:
+        """Exchange gradients (unless already synchronized) and step; returns False when skipped.
+
+        With ``backward_passes_per_step`` N > 1 the gradients accumulate
+        locally in ``.grad`` and only every N-th call exchanges and steps
+        (the other calls return False without counting a skipped step).
+        """
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        if not (self._skip_sync or self._synchronized):
+            self._passes += 1
+            if self._passes < self.backward_passes_per_step:
+                return False
+            self._passes = 0
+            self.synchronize()
+        elif not self._synchronized:
+            raise RuntimeError("step() inside skip_synchronize() needs synchronize() first")
+        self._synchronized = False
+        if not getattr(self, "_sync_ok", False):
+            return False
+        self._sync_ok = False
+        with self.timer.phase("update"):
+            snap = self._near_overflow()
+            if snap:
+                self._snapshot_parameters()
+            super().step()
             if not self._parameters_finite():
+                if not snap:  # cannot happen for the optimizers the bound covers; fail loudly otherwise
+                    raise FloatingPointError("the optimizer step made a parameter non-finite although "
+                                             "its bound said it could not; parameters lost")
                 self._restore_parameters()
                 self.skipped_steps += 1
                 return False
         self.steps += 1
         return True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._passes:  # accumulating over backward_passes_per_step: keep the local sum
+            return
+        super().zero_grad(set_to_none=set_to_none)
 
     # ------------------------------------------------ non-finite results (overflow)
     def _update_finite(self, out) -> bool:
@@ -189,32 +281,161 @@ class DistributedOptimizer:
         results still skips on all of them together.
         """
         xp = backend.array_module(out)
-        self._flag[0] = 0 if bool(xp.isfinite(out).all()) else 1
+        out_abs = xp.abs(out)
+        self._update_amax = float(out_abs.max()) if out.size else 0.0  # one host read
+        self._flag[0] = 0 if np.isfinite(self._update_amax) else 1
         with self.timer.phase("wait"):
             return self._all_finite()
 
+    def _near_overflow(self) -> bool:
+        """Whether the coming optimizer step could make a parameter non-finite (then snapshot first).
+
+        Bound: a step moves a parameter by at most ``lr * |update| / (1 -
+        momentum)`` plus weight decay (SGD), or by about ``lr`` (Adam-type);
+        with |parameter| and that move both below 1e30 (float32 ends at
+        3.4e38) no parameter can overflow, so the copy of every parameter is
+        taken only when the last known |parameter| or ``lr * max|update| *
+        1e3`` reaches 1e30.
+        """
+        scale = max(self.comm.size if self.op == "sum" else 1, 1) * self.gradient_predivide_factor
+        lr = max(float(g.get("lr", 1.0)) for g in self.param_groups)
+        return not (self._param_amax < 1e30 and lr * self._update_amax * scale * 1e3 < 1e30 and lr < 1e27)
+
     def _snapshot_parameters(self) -> None:
         """Keep the parameters before the optimizer's step (to restore them if it overflows)."""
+        self.snapshots += 1
         if getattr(self, "_saved_params", None) is None:
             self._saved_params = [torch.empty_like(p) for p in self.params]
         torch._foreach_copy_(self._saved_params, [p.detach() for p in self.params])
 
     def _parameters_finite(self) -> bool:
         """Whether every parameter is finite after the step (the same on every rank: same parameters,
-        same update)."""
-        return bool(torch.stack([torch.isfinite(p).all() for p in self.params]).all())
+        same update); records the largest |parameter| for the next step's bound."""
+        norms = torch._foreach_norm([p.detach() for p in self.params], float("inf"))
+        self._param_amax = float(torch.stack(norms).max())
+        return bool(np.isfinite(self._param_amax))
 
     def _restore_parameters(self) -> None:
         torch._foreach_copy_([p.detach() for p in self.params], self._saved_params)
+        self._param_amax = float("inf")
 
     # ------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheme": self.scheme.state_dict(),
-                "skipped_steps": self.skipped_steps, "steps": self.steps}
+        """The wrapped optimizer's state dict plus ``scheme``, ``skipped_steps`` and ``steps``."""
+        state = dict(super().state_dict())
+        state.update({"scheme": self.scheme.state_dict(), "skipped_steps": self.skipped_steps,
+                      "steps": self.steps})
+        return state
 
     def load_state_dict(self, state: dict[str, Any], *, scheme_state: bool = True) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        base = state["optimizer"] if "optimizer" in state else {k: v for k, v in state.items()
+                                                               if k in ("state", "param_groups")}
+        super().load_state_dict(base)
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self.steps = int(state.get("steps", 0))
         if scheme_state and "scheme" in state:
             self.scheme.load_state_dict(state["scheme"])
+
+
+_instances: "weakref.WeakSet" = weakref.WeakSet()
+_last_created = None
+
+
+def join(device: int = -1) -> int:
+    """Take part in the other ranks' exchanges with zero gradients until every rank has called join().
+
+    For uneven step counts: a rank out of batches calls ``join()`` and keeps
+    stepping the most recently created :class:`DistributedOptimizer` with
+    the aggregate of the others (its own contribution zero), so parameters
+    stay equal on all ranks.  Returns the rank that joined last.
+    """
+    opt = _last_created() if _last_created is not None else None
+    if opt is None:
+        from . import torch_api
+
+        return int(max(torch_api.allgather_object(torch_api.rank())))  # nothing to mirror: all arrive
+    opt._active, first = 0, True
+    try:
+        while True:
+            opt._joining_now = opt.comm.rank if first else -1
+            first = False
+            opt._passes = 0
+            for p in opt.params:
+                p.grad = torch.zeros_like(p)
+            opt.step()
+            if not opt._others_active:
+                return int(opt._flag[2])
+    finally:
+        opt._active, opt._joining_now = 1, -1
+
+
+def _default_comm() -> Communicator:
+    from . import torch_api
+
+    return torch_api.communicator()
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None, compression=None,
+                         backward_passes_per_step: int = 1, op: str = "average",
+                         gradient_predivide_factor: float = 1.0, scheme: str = "dense", density: float = 1.0, *,
+                         comm: Communicator | None = None, timer: PhaseTimer | None = None, memory: bool = True,
+                         seed: int = 0, broadcast: bool | None = None, model: torch.nn.Module | None = None,
+                         **scheme_options: Any):
+    """``optimizer`` made distributed: an instance of a subclass of its own class (Horovod's signature).
+
+    named_parameters: ``model.named_parameters()`` (None: all of the
+    optimizer's parameters, named by position); an ``nn.Module`` is also
+    accepted (the older form ``DistributedOptimizer(opt, model, scheme,
+    density)``), and then its float buffers are broadcast with the parameters.
+    compression: ``Compression.none`` or ``Compression.fp16`` (values rounded
+    to float16 before the exchange). op: Average or Sum.
+    scheme, density, memory, seed, **scheme_options: passed to the scheme.
+    comm: a :class:`mpisparse.comm.Communicator` (the one ``init()`` started when omitted).
+    broadcast: broadcast rank 0's parameters first (default: only with a model).
+    """
+    if isinstance(named_parameters, torch.nn.Module):  # older positional form: (opt, model, scheme, density)
+        model = named_parameters
+        named_parameters = None
+        if isinstance(compression, str):
+            scheme, compression = compression, None
+            if not isinstance(backward_passes_per_step, int) or isinstance(backward_passes_per_step, float):
+                density, backward_passes_per_step = float(backward_passes_per_step), 1
+    if compression is None:
+        from .torch_api import Compression
+
+        compression = Compression.none
+    if model is not None and named_parameters is None:
+        named = _trainable(model)
+    elif named_parameters is not None:
+        named = [(n, p) for n, p in named_parameters if p.requires_grad]
+    else:
+        named = [(f"param.{i}", p) for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])
+                 if p.requires_grad]
+    seen = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    extra = [n for n, p in named if id(p) not in seen]
+    if extra:
+        raise ValueError(f"named_parameters has {len(extra)} parameters the optimizer does not hold, "
+                         f"e.g. {extra[0]!r}; allowed: the optimizer's parameters")
+    cls = type(type(optimizer).__name__, (_DistributedMixin, type(optimizer)), {})
+    dist = cls.__new__(cls)
+    dist.__dict__.update(optimizer.__dict__)  # the same param_groups, state and defaults objects
+    dist._setup(optimizer, named, model, scheme, density, comm, timer, memory, seed,
+                bool(model is not None) if broadcast is None else broadcast, compression,
+                backward_passes_per_step, op, gradient_predivide_factor, scheme_options)
+    global _last_created
+    _last_created = weakref.ref(dist)
+    return dist
+
+
+def __getattr__(name: str):
+    if name == "comm_hook":  # imported lazily: torch.distributed is only needed by the DDP hook
+        from .torch_dist import comm_hook
+
+        return comm_hook
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# under an MPI launcher with more than one rank: start MPI now so that an uncaught exception on any
+# rank aborts the whole job (torch_api's hook); a plain single process never starts MPI here
+if _launched_size() > 1:
+    init()

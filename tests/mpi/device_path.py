@@ -51,7 +51,7 @@ from mpisparse.backend import numpy_kernels as nk  # noqa: E402
 from mpisparse.comm import Communicator  # noqa: E402
 from mpisparse.config import BenchConfig, TrainConfig  # noqa: E402
 from mpisparse.schemes.base import CollectiveScheme  # noqa: E402
-from mpisparse.torch import DistributedOptimizer  # noqa: E402
+from mpisparse.torch import _DistributedMixin as DistributedOptimizer  # noqa: E402  (the class with step())
 
 #: every data-parallel scheme (and topk's layer-wise variant) with the options of this check;
 #: dgc samples its whole vector so its threshold estimate is exact on both paths (the GPU kernel samples

@@ -1,0 +1,27 @@
+"""The Horovod-shaped examples run under MPI on 2 ranks (dense and DEFT) and end with equal parameters."""
+
+import re
+
+import pytest
+
+from conftest import HERE, mpi_run
+
+
+def _checksums(out: str) -> dict[int, str]:
+    return {int(r): s for r, s in re.findall(r"rank (\d+) checksum (\S+ \S+)", out)}
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script,args", [
+    ("pytorch_mnist.py", ["--epochs", "1"]),
+    ("pytorch_mnist.py", ["--epochs", "1", "--scheme", "deft", "--density", "0.1"]),
+    ("pytorch_synthetic_benchmark.py", ["--num-iters", "1", "--num-batches-per-iter", "2"]),
+    ("pytorch_synthetic_benchmark.py", ["--num-iters", "1", "--num-batches-per-iter", "2", "--scheme", "deft",
+                                        "--density", "0.05", "--fp16-allreduce"]),
+])
+def test_example_runs_and_ranks_agree(script, args):
+    out = mpi_run(2, [str(HERE.parent / "examples" / script), *args, "--checksum"], timeout=120).stdout
+    sums = _checksums(out)
+    assert set(sums) == {0, 1}, out[-2000:]
+    assert sums[0] == sums[1], sums

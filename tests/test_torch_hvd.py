@@ -1,0 +1,94 @@
+"""mpisparse.torch as a Horovod drop-in: exports, an Optimizer subclass, synchronize/skip, join under MPI."""
+
+import pytest
+import torch
+
+import mpisparse.torch as hvd
+from conftest import SelfComm, rank_script
+
+
+def _setup(**kw):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, opt, hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), comm=SelfComm(),
+                                                **kw)
+
+
+def _backward(model):
+    model(torch.ones(3, 4)).sum().backward()
+
+
+def test_exports_what_a_horovod_script_uses():
+    for name in ("init", "rank", "size", "local_rank", "local_size", "allreduce", "allgather", "broadcast",
+                 "broadcast_object", "broadcast_parameters", "broadcast_optimizer_state", "join", "Compression",
+                 "Average", "Sum", "DistributedOptimizer", "comm_hook"):
+        assert callable(getattr(hvd, name)) or name in ("Average", "Sum"), name
+    assert hvd.Compression.fp16 is not hvd.Compression.none
+
+
+def test_is_the_wrapped_optimizer_and_schedulers_work():
+    model, opt, dist = _setup()
+    assert isinstance(dist, torch.optim.SGD) and isinstance(dist, torch.optim.Optimizer)
+    assert dist.param_groups is opt.param_groups and dist.state is opt.state
+    sched = torch.optim.lr_scheduler.StepLR(dist, step_size=1, gamma=0.5)
+    for _ in range(2):
+        dist.zero_grad()
+        _backward(model)
+        assert dist.step() is True
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+    state = dist.state_dict()
+    assert {"state", "param_groups", "scheme", "steps"} <= set(state) and state["steps"] == 2
+    assert len(opt.state) == 2  # momentum buffers live in the shared state
+    dist.load_state_dict(state)
+    assert dist.steps == 2
+
+
+def test_synchronize_then_clip_then_step_without_a_second_exchange():
+    model, _, dist = _setup()
+    dist.zero_grad()
+    _backward(model)
+    assert dist.synchronize() is True
+    calls = []
+    dist.scheme.step = lambda buf: calls.append(1)  # a second exchange would be recorded
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    before = model.weight.detach().clone()
+    with dist.skip_synchronize():
+        assert dist.step() is True
+    assert not calls
+    assert (before - model.weight).abs().max() <= 0.1 * 1e-3 + 1e-9  # the clipped gradient was applied
+
+
+def test_backward_passes_accumulate_locally():
+    model, _, dist = _setup(backward_passes_per_step=2)
+    before = model.weight.detach().clone()
+    dist.zero_grad()
+    _backward(model)
+    assert dist.step() is False and torch.equal(before, model.weight)  # no exchange, no step yet
+    dist.zero_grad()  # keeps the local sum while accumulating
+    _backward(model)
+    assert dist.step() is True and dist.skipped_steps == 0
+    assert torch.allclose(before - model.weight, torch.full_like(before, 0.1 * 2 * 3))
+
+
+def test_snapshot_only_near_overflow():
+    model, _, dist = _setup()
+    for _ in range(3):
+        dist.zero_grad()
+        _backward(model)
+        dist.step()
+    assert dist.snapshots == 1  # the first step (|parameter| not known yet) only
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="op is 'max'"):
+        _setup(op="max")
+    with pytest.raises(ValueError, match="backward_passes_per_step is 0"):
+        _setup(backward_passes_per_step=0)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+def test_sum_average_accumulation_and_join_on_two_ranks():
+    rank_script("torch_hvd", 2, timeout=120)
