@@ -8,7 +8,9 @@ from conftest import HERE, mpi_run
 
 
 def _checksums(out: str) -> dict[int, str]:
-    return {int(r): s for r, s in re.findall(r"rank (\d+) checksum (\S+ \S+)", out)}
+    # the two ranks' lines can interleave on the shared stdout: match the numbers, not whole lines
+    num = r"[-+0-9.e]+"
+    return {int(r): f"{a} {b}" for r, a, b in re.findall(rf"rank (\d+) checksum ({num}) ({num})", out)}
 
 
 @pytest.mark.mpi
