@@ -128,8 +128,11 @@ def test_deft_breakdown_claims():
                                           _res("cltk", 2, 0.001, **_phases(0.03, 0.01, 0.005, 0.05)),
                                           _res("deft", 2, 0.001, **_phases(0.02, 0.008, 0.004, 0.04))])
     assert rows[0]["communication"] == pytest.approx(20.0)
+    fused = deft_breakdown.breakdown_rows([_res("topk", 2, 0.002, phases={"compensate": 0.01, "select": 0.002},
+                                                step_seconds=0.02)])
+    assert fused[0]["selection"] == pytest.approx(12.0)  # the fused candidate search is inside compensate
     assert [c.holds for c in deft_breakdown.evaluate(rows)] == [True, True, True]
-    rows[2]["select"] = 50.0
+    rows[2]["selection"] = 50.0  # compensate + select: the selection work wherever it is timed
     assert deft_breakdown.evaluate(rows)[0].holds is False
 
 
@@ -307,6 +310,7 @@ def test_deft_breakdown_takes_medians_of_repeated_jobs_and_calls_close_times_noi
                                               _res("deft", 2, 0.001, **_phases(deft_select, 0.008, 0.004, 0.04))])
     rows = deft_breakdown.median_rows([job(0.02), job(0.09), job(0.021)])  # one noisy job: the median ignores it
     assert rows[2]["select"] == pytest.approx(21.0) and len(rows[2]["select_samples"]) == 3
+    assert rows[2]["selection"] == pytest.approx(21.0)  # no compensate phase in these rows
     sel = deft_breakdown.evaluate(rows)[0]
     assert sel.holds is True and not sel.within_noise and "holds = median" in sel.note
     rows = deft_breakdown.median_rows([job(0.0295)])  # 29.5 ms vs cltk's 30 ms
