@@ -80,6 +80,14 @@ def _hierarchical(cls: type[SchemeBase], on: bool) -> None:
                          f"Allreduce/Bcast/Allgatherv); allowed: {ok}")
 
 
+def _trace(cls: type[SchemeBase], path: str | None) -> None:
+    if path is not None and (not isinstance(path, str) or not path):
+        raise ValueError(f"--trace is {path!r}; allowed: a file path")
+    if path is not None and cls.runtime != "collective":
+        raise ValueError(f"--trace applies to the data-parallel schemes; scheme {cls.name!r} runs on the "
+                         f"{cls.runtime} runtime")
+
+
 def _world(cls: type[SchemeBase], world: int | None) -> None:
     if world is not None and world < cls.min_world_size:
         raise ValueError(f"scheme {cls.name!r} needs at least {cls.min_world_size} ranks; -n is {world}")
@@ -151,6 +159,8 @@ class TrainConfig:
     cuda_aware: bool | None = None
     #: ``--max-skipped-steps``: stop with an error after this many consecutive skipped steps (0: never)
     max_skipped_steps: int = 100
+    #: ``--trace``: write the per-rank, per-phase spans of the timed steps here (Chrome trace-event JSON)
+    trace: str | None = None
 
     def validate(self, world: int | None = None) -> TrainConfig:
         """Check every field, then the runtime's own checks; ``world`` is the world size if known.
@@ -181,6 +191,7 @@ class TrainConfig:
         _bool("--diagnostics", self.diagnostics)
         _bool("--check-collectives", self.check_collectives)
         _hierarchical(cls, self.hierarchical)
+        _trace(cls, self.trace)
         _optional_bool("--cuda-aware", self.cuda_aware)
         _int("--max-skipped-steps", self.max_skipped_steps, 0)
         if self.resume and not self.checkpoint:
@@ -189,6 +200,9 @@ class TrainConfig:
         self.scheme_options = cls.validate_options(dict(self.scheme_options))
         if self.mp is not None:
             self.mp.validate()
+            if self.trace is not None:
+                raise ValueError("--trace applies to data-parallel training; a pipeline (--mp-stages, "
+                                 "--split-after, --micro-batches, --dp-scheme) has no trace")
         _world(cls, world)
         from .runtimes import check_train
 
@@ -229,6 +243,8 @@ class BenchConfig:
     #: ``--gradients``: ``synthetic`` (drawn, :mod:`mpisparse.gradgen`) or ``model`` (backward passes of the
     #: trainable net of that name on each rank's own batches, :mod:`mpisparse.bench.model_grads`)
     gradients: str = "synthetic"
+    #: ``--trace``: write the per-rank, per-phase spans of the timed steps here (Chrome trace-event JSON)
+    trace: str | None = None
 
     def validate(self, world: int | None = None) -> BenchConfig:
         """Check every field, then the runtime's own checks (a pipeline scheme has no ``bench``).
@@ -249,6 +265,7 @@ class BenchConfig:
         _bool("--diagnostics", self.diagnostics)
         _bool("--check-collectives", self.check_collectives)
         _hierarchical(cls, self.hierarchical)
+        _trace(cls, self.trace)
         _optional_bool("--cuda-aware", self.cuda_aware)
         if not isinstance(self.rss_at, (list, tuple)) or not all(
                 isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= self.warmup + self.iters
@@ -301,7 +318,7 @@ OPTION_FIELDS: dict[str, str] = {
 #: ``train`` fields a run resumed from a checkpoint may change: how long it runs, where it writes,
 #: and options that only observe or check (everything else must equal the checkpoint's configuration)
 RESUME_FREE_FIELDS = ("epochs", "checkpoint", "resume", "data_dir", "diagnostics", "check_collectives",
-                      "cuda_aware", "max_skipped_steps", "hierarchical")
+                      "cuda_aware", "max_skipped_steps", "hierarchical", "trace")
 
 
 class ConfigMismatch(RuntimeError):

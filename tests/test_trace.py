@@ -61,3 +61,59 @@ def test_an_untraced_timer_keeps_no_spans():
         with timer.phase("select"):
             pass
     assert timer.spans is None and len(timer.records) == 1
+
+
+# --------------------------------------------------------------------------- --trace on real runs
+def _check_trace(path, ranks, phases):
+    """Valid Chrome trace JSON: every rank's process, steps in order, phases nested in their step and covering
+    at most the step."""
+    doc = json.loads(path.read_text())
+    events = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in events} == set(range(ranks))
+    for rank in range(ranks):
+        steps = sorted((e for e in events if e["pid"] == rank and e["cat"] == "step"), key=lambda e: e["ts"])
+        assert steps and [e["args"]["step"] for e in steps] == list(range(len(steps)))
+        for a, b in zip(steps, steps[1:]):
+            assert a["ts"] + a["dur"] <= b["ts"] + 1e-3  # ordered, not overlapping
+        for st in steps:
+            inner = [e for e in events if e["pid"] == rank and e["cat"] == "phase"
+                     and e["args"]["step"] == st["args"]["step"]]
+            assert inner, st
+            for e in inner:
+                assert st["ts"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= st["ts"] + st["dur"] + 1e-3, (e, st)
+            assert sum(e["dur"] for e in inner) <= st["dur"] + 1e-3
+        names = {e["name"] for e in events if e["pid"] == rank and e["cat"] == "phase"}
+        assert set(phases) <= names, names
+    return events
+
+
+@pytest.mark.mpi
+def test_bench_step_trace_two_ranks_two_schemes(tmp_path):
+    from conftest import mpi_run
+
+    trace = tmp_path / "t.json"
+    mpi_run(2, ["bench", "step", "--model", "ncf", "--scheme", "topk", "--scheme", "cltk", "--iters", "3",
+                "--warmup", "1", "--trace", str(trace)], module=True)
+    events = _check_trace(tmp_path / "t-topk.json", 2, ("compensate", "select", "exchange_indices", "update"))
+    assert len([e for e in events if e["cat"] == "step"]) == 2 * 3  # timed steps only, not the warm-up
+    _check_trace(tmp_path / "t-cltk.json", 2, ("compensate", "exchange_values"))
+    assert not trace.exists()
+
+
+@pytest.mark.mpi
+def test_train_trace_has_forward_and_backward(tmp_path):
+    from conftest import mpi_run
+
+    trace = tmp_path / "train.json"
+    mpi_run(2, ["train", "--model", "mlp", "--data", "digits", "--scheme", "topk", "--density", "0.05",
+                "--epochs", "1", "--trace", str(trace)], module=True)
+    _check_trace(trace, 2, ("forward", "backward", "compensate", "select"))
+
+
+def test_trace_refuses_what_it_cannot_trace():
+    from mpisparse.config import BenchConfig, MPConfig, TrainConfig
+
+    with pytest.raises(ValueError, match="--trace applies to the data-parallel schemes; scheme 'slimdp'"):
+        BenchConfig(scheme="slimdp", trace="t.json").validate(3)
+    with pytest.raises(ValueError, match="--trace applies to data-parallel training; a pipeline"):
+        TrainConfig(scheme="dense", mp=MPConfig(stages=2), trace="t.json").validate(2)

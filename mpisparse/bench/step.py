@@ -40,7 +40,7 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     else:
         layout = FusionLayout(layer_shapes(model))
         gen = SyntheticGradients(layout, comm.rank, seed=seed)
-    timer = PhaseTimer()
+    timer = PhaseTimer(trace=cfg.trace is not None)
     sch = create(scheme, comm, layout, density, memory=memory, timer=timer, seed=seed, **scheme_options)
     xp = device.array_module_for(cfg.device, comm)
     drawn = layout.empty()
@@ -79,6 +79,10 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
             rss[it + 1] = current_rss_bytes()
         if progress is not None:
             progress(it + 1, warmup + iters)
+    if cfg.trace is not None:  # collective: every rank's spans, written by rank 0
+        from ..results.trace import write_trace
+
+        write_trace(cfg.trace, comm, timer)
     if rss_at:  # max over ranks, keyed by the step as a string (a JSON object)
         everyone = comm.allgather_obj(rss)
         rss = {str(k): max(r[k] for r in everyone) for k in sorted(rss)}

@@ -13,9 +13,10 @@ from ..config import DEVICES, GRADIENT_SOURCES, BenchConfig
 from ..device import check_device_usable
 from ..models.shapes import model_names
 from ..registry import SCHEMES, validate_density
+from ..results.trace import trace_path
 from ..runtimes import check_servers
 from . import output
-from .options import (SectionedCommand, check_plot, cuda_aware_option, density_list, diagnostics_option, int_list,
+from .options import (trace_option, SectionedCommand, check_plot, cuda_aware_option, density_list, diagnostics_option, int_list,
                       mpi_options, output_options, pick_scheme_options, scheme_options, size_list, step_options, usage,
                       validated, out_dir_or_default, writable_dir, writable_file)
 from .session import maybe_relaunch, open_comm
@@ -69,9 +70,10 @@ def _steps(value: str) -> list[int]:
                    "included; the result's rss_bytes_at_step, max over ranks), e.g. 200,2000 to look for a leak.")
 @scheme_options
 @cuda_aware_option
+@trace_option
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
                check_collectives, diagnostics, json_path, csv_path, plot_path, rss_at, servers, cuda_aware=None,
-               hierarchical=False, gradients="synthetic", **scheme_opts) -> None:
+               hierarchical=False, gradients="synthetic", trace=None, **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
     per_scheme = pick_scheme_options(schemes, scheme_opts)
@@ -80,7 +82,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
                                   memory=not no_memory, scheme_options=dict(per_scheme[s]),
                                   diagnostics=diagnostics, servers=servers, check_collectives=check_collectives,
                                   hierarchical=hierarchical, cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device,
-                                  gradients=gradients), nprocs)
+                                  gradients=gradients, trace=trace_path(trace, s, len(schemes) > 1)), nprocs)
             for s in schemes]
     usage(check_device_usable, device, need_torch=False)
     check_plot(plot_path)

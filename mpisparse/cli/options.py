@@ -17,7 +17,7 @@ import click
 
 from ..registry import SCHEMES, all_options, validate_density
 
-__all__ = ["SectionOption", "SectionedCommand", "check_plot", "cuda_aware_option", "density_list", "emucluster_rate",
+__all__ = ["SectionOption", "SectionedCommand", "check_plot", "trace_option", "cuda_aware_option", "density_list", "emucluster_rate",
            "int_list", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated",
            "out_dir_or_default", "writable_dir", "writable_file"]
 
@@ -78,6 +78,14 @@ def step_options(f: Callable) -> Callable:
                           "(docs/schemes.md#hierarchical-exchange).")(f)
     f = click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")(f)
     return f
+
+
+def trace_option(f: Callable) -> Callable:
+    """``--trace FILE``: the per-rank, per-phase spans as a Chrome trace (``bench step``, ``train``)."""
+    return click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None, callback=writable_file,
+                        help="Write every rank's phases of every timed step as a Chrome trace (JSON; open in "
+                             "ui.perfetto.dev or chrome://tracing); with several --scheme, FILE-SCHEME.json each. "
+                             "Data-parallel schemes.")(f)
 
 
 def diagnostics_option(f: Callable) -> Callable:

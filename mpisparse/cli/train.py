@@ -15,9 +15,10 @@ from ..config import DATASETS, DEVICES, TRAIN_MODELS, MPConfig, TrainConfig
 from ..device import check_device_usable
 from ..launch import under_mpi_launcher
 from ..registry import SCHEMES
+from ..results.trace import trace_path
 from ..runtimes import check_servers, schemes_of
 from . import output
-from .options import (SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
+from .options import (trace_option, SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
                       pick_scheme_options, scheme_options, step_options, usage, validated, writable_dir)
 from .session import maybe_relaunch, open_comm
 
@@ -79,10 +80,11 @@ def _split_after(text: str | None) -> list[str]:
               help="With --mp-stages: --density of the --dp-scheme [--density].")
 @(lambda f: scheme_options(f, exclude=("momentum",)))
 @cuda_aware_option
+@trace_option
 def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,
           weight_decay, bptt, clip, seed, device, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
           checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
-          cuda_aware=None, hierarchical=False, **scheme_opts) -> None:
+          cuda_aware=None, hierarchical=False, trace=None, **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
     With --mp-stages S the model is split into S pipeline stages; --scheme
@@ -109,7 +111,8 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           resume=resume, scheme_options=dict(per_scheme[s]),
                           diagnostics=diagnostics, servers=servers, mp=mp_cfg,
                           check_collectives=check_collectives, hierarchical=hierarchical, cuda_aware=cuda_aware,
-                          max_skipped_steps=max_skipped_steps, device=device)
+                          max_skipped_steps=max_skipped_steps, device=device,
+                          trace=trace_path(trace, s, len(schemes) > 1))
         cfgs.append(validated(cfg, nprocs))
     _check_data_dir(data, data_dir)
     usage(check_device_usable, device, need_torch=True)

@@ -17,7 +17,16 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["trace_events", "write_trace"]
+__all__ = ["trace_events", "trace_path", "write_trace"]
+
+
+def trace_path(path: str | None, scheme: str, several: bool) -> str | None:
+    """``--trace PATH`` of one scheme's run: PATH itself, or ``STEM-SCHEME.SUFFIX`` when a command runs
+    several schemes (one trace file each)."""
+    if path is None or not several:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{scheme}{p.suffix}"))
 
 
 def trace_events(spans_by_rank: Sequence[Sequence[tuple[str, float, float, int]]]) -> list[dict[str, Any]]:

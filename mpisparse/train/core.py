@@ -327,6 +327,10 @@ def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
                     say(epoch_line(record, cfg.epochs) + step.epoch_note)
             if cfg.checkpoint:
                 _save(comm, cfg, step, loop, epoch + 1, 0, time.perf_counter() - t_start)
+    if getattr(cfg, "trace", None) is not None and getattr(timer, "spans", None) is not None:
+        from ..results.trace import write_trace
+
+        write_trace(cfg.trace, comm, timer)  # collective: every rank's spans, written by rank 0
     final = step.finish()
     if final is not None and loop.history:
         loop.history[-1].update({f"test_{k}": v for k, v in final.items()})

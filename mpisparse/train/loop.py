@@ -135,7 +135,8 @@ class CollectiveStep(ModelStep):
         lm, ds, model = seeded_setup(cfg)
         self.dev = device.torch_device(cfg.device, comm)
         model = model.to(self.dev)  # the same initial parameters on every device
-        super().__init__(cfg, lm, ds, model, shard=comm.rank, shards=comm.size, timer=PhaseTimer())
+        super().__init__(cfg, lm, ds, model, shard=comm.rank, shards=comm.size,
+                         timer=PhaseTimer(trace=cfg.trace is not None))
         self.comm = comm
         #: this rank's communicator staging copies per step (device runs)
         self.staging: list[dict[str, int]] = []
