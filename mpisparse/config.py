@@ -83,9 +83,12 @@ def _hierarchical(cls: type[SchemeBase], on: bool) -> None:
 def _trace(cls: type[SchemeBase], path: str | None) -> None:
     if path is not None and (not isinstance(path, str) or not path):
         raise ValueError(f"--trace is {path!r}; allowed: a file path")
-    if path is not None and cls.runtime != "collective":
-        raise ValueError(f"--trace applies to the data-parallel schemes; scheme {cls.name!r} runs on the "
-                         f"{cls.runtime} runtime")
+    if path is not None:
+        from .runtimes import schemes_of
+
+        if cls.name not in schemes_of("collective"):
+            raise ValueError(f"--trace applies to the data-parallel schemes ({', '.join(schemes_of('collective'))});"
+                             f" scheme {cls.name!r} is not one")
 
 
 def _world(cls: type[SchemeBase], world: int | None) -> None:
@@ -306,6 +309,8 @@ CLI_ONLY_OPTIONS: dict[str, str] = {
     "csv_path": "output only: rank 0 writes the per-step log",
     "plot_path": "output only: rank 0 draws the plot",
     "overwrite_checkpoint": "start-up only: checked before MPI starts, on every rank",
+    "progress_interval": "output only: how often rank 0 prints a status line off a terminal",
+    "no_progress": "output only: rank 0 prints no progress",
 }
 
 #: command-line parameter names that fill a configuration field of another name (``a.b``: a nested field)

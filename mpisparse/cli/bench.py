@@ -16,7 +16,7 @@ from ..registry import SCHEMES, validate_density
 from ..results.trace import trace_path
 from ..runtimes import check_servers
 from . import output
-from .options import (trace_option, SectionedCommand, check_plot, cuda_aware_option, density_list, diagnostics_option, int_list,
+from .options import (progress_options, trace_option, SectionedCommand, check_plot, cuda_aware_option, density_list, diagnostics_option, int_list,
                       mpi_options, output_options, pick_scheme_options, scheme_options, size_list, step_options, usage,
                       validated, out_dir_or_default, writable_dir, writable_file)
 from .session import maybe_relaunch, open_comm
@@ -71,10 +71,13 @@ def _steps(value: str) -> list[int]:
 @scheme_options
 @cuda_aware_option
 @trace_option
+@progress_options
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
                check_collectives, diagnostics, json_path, csv_path, plot_path, rss_at, servers, cuda_aware=None,
-               hierarchical=False, gradients="synthetic", trace=None, **scheme_opts) -> None:
+               hierarchical=False, gradients="synthetic", trace=None, progress_interval=10.0, no_progress=False,
+               **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
+    output.configure_progress(progress_interval, not no_progress)
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
     per_scheme = pick_scheme_options(schemes, scheme_opts)
     servers = usage(check_servers, schemes, servers)
@@ -121,14 +124,17 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
                 "PNG: exchange time and bytes per rank against density, a line per scheme.")
 @scheme_options
 @cuda_aware_option
+@progress_options
 def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, seed, no_memory, check_collectives,
-                   servers, json_path, csv_path, plot_path, cuda_aware=None, hierarchical=False, **scheme_opts) -> None:
+                   servers, json_path, csv_path, plot_path, cuda_aware=None, hierarchical=False, progress_interval=10.0,
+                   no_progress=False, **scheme_opts) -> None:
     """Time each scheme's exchange alone (indices + values, or push + pull) against density, at this W.
 
     The scheme runs its steps on bench-step gradients; only the phases that
     move data between ranks and the bytes are reported.  Sweep W with
     `bench scaling`, or run this under several -n.
     """
+    output.configure_progress(progress_interval, not no_progress)
     schemes = tuple(dict.fromkeys(schemes))
     per_scheme = pick_scheme_options(schemes, scheme_opts)
     servers_n = usage(check_servers, schemes, servers)

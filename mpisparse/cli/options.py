@@ -17,7 +17,7 @@ import click
 
 from ..registry import SCHEMES, all_options, validate_density
 
-__all__ = ["SectionOption", "SectionedCommand", "check_plot", "trace_option", "cuda_aware_option", "density_list", "emucluster_rate",
+__all__ = ["SectionOption", "SectionedCommand", "check_plot", "progress_options", "trace_option", "cuda_aware_option", "density_list", "emucluster_rate",
            "int_list", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated",
            "out_dir_or_default", "writable_dir", "writable_file"]
 
@@ -77,6 +77,16 @@ def step_options(f: Callable) -> Callable:
                      help="Combine within each host first; one rank per host exchanges across hosts "
                           "(docs/schemes.md#hierarchical-exchange).")(f)
     f = click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")(f)
+    return f
+
+
+def progress_options(f: Callable) -> Callable:
+    """``--progress-interval SECONDS`` and ``--no-progress``: rank 0's progress (a live bar on a terminal,
+    a status line every interval off one: under mpiexec, in a SLURM log)."""
+    f = click.option("--no-progress", is_flag=True, help="Print no progress (the results are printed as usual).")(f)
+    f = click.option("--progress-interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+                     metavar="SECONDS", help="Off a terminal (mpiexec, SLURM logs): one status line (step, rate, "
+                                             "ETA, loss or phase) this often.")(f)
     return f
 
 

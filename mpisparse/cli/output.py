@@ -42,13 +42,31 @@ def finish_step(results: list, json_path: str | None, csv_path: str | None, plot
                   echo=click.echo)
 
 
-def progress(comm, label: str):
-    """A progress callback printing to stderr on rank 0 when it is a terminal."""
-    if comm.rank != 0 or not sys.stderr.isatty():
-        return None
+#: ``--progress-interval`` and ``--no-progress`` of the running command (set by :func:`configure_progress`)
+_PROGRESS = {"interval": 10.0, "enabled": True}
 
-    def report(done: int, total: int) -> None:
-        click.echo(f"\r{label} {done}/{total}", err=True, nl=done == total)
+
+def configure_progress(interval: float = 10.0, enabled: bool = True) -> None:
+    """The command's progress options, for every progress callback it makes."""
+    _PROGRESS.update(interval=float(interval), enabled=bool(enabled))
+
+
+def progress(comm, label: str):
+    """``report(done, total, **fields)`` on rank 0 (None elsewhere, or with ``--no-progress``): a live bar on
+    a terminal, a status line every ``--progress-interval`` seconds off one (:class:`mpisparse.progress.Progress`)."""
+    if comm.rank != 0 or not _PROGRESS["enabled"]:
+        return None
+    from ..progress import Progress
+
+    state: dict[str, Any] = {}
+
+    def report(done: int, total: int, what: str = "", **fields: Any) -> None:
+        bar = state.get("bar")
+        if bar is None or bar.total != total:
+            bar = state["bar"] = Progress(label, total, interval=_PROGRESS["interval"])
+        bar.update(done, what, **fields)
+        if done >= total:
+            bar.close()
 
     return report
 
@@ -139,19 +157,30 @@ def finish_train(results: list, steps: dict[str, list], log, json_path: str | No
     write_results(results, command="train", json_path=json_path, plot_path=plot_path, steps=steps, echo=click.echo)
 
 
-def train_progress(comm):
-    """Rank 0: a live status line on a terminal, epoch summaries always."""
+def train_progress(comm, label: str = "train"):
+    """Rank 0: epoch summaries always (stdout); per batch, with progress on, a live status line on a terminal
+    or a status line every ``--progress-interval`` seconds off one (stderr)."""
     if comm.rank != 0:
         return None
     tty = sys.stderr.isatty()
+    from ..progress import Progress
 
-    def report(msg: str | None) -> None:
+    state: dict[str, Any] = {}
+
+    def report(msg: str | None, *, done: int | None = None, total: int | None = None, **fields: Any) -> None:
         if msg is None:
-            if tty:
+            if tty and _PROGRESS["enabled"]:
                 click.echo("\r\033[K", err=True, nl=False)
-        elif msg.startswith("epoch") and " batch " in msg:
+        elif done is not None and total is not None:  # one batch
+            if not _PROGRESS["enabled"]:
+                return
+            bar = state.get("bar")
+            if bar is None or bar.total != total:
+                bar = state["bar"] = Progress(label, total, interval=_PROGRESS["interval"], tty=False)
             if tty:
                 click.echo("\r\033[K" + msg, err=True, nl=False)
+            else:
+                bar.update(done, msg, **fields)
         else:
             click.echo(msg)
 

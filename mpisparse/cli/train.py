@@ -18,7 +18,7 @@ from ..registry import SCHEMES
 from ..results.trace import trace_path
 from ..runtimes import check_servers, schemes_of
 from . import output
-from .options import (trace_option, SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
+from .options import (progress_options, trace_option, SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
                       pick_scheme_options, scheme_options, step_options, usage, validated, writable_dir)
 from .session import maybe_relaunch, open_comm
 
@@ -81,16 +81,19 @@ def _split_after(text: str | None) -> list[str]:
 @(lambda f: scheme_options(f, exclude=("momentum",)))
 @cuda_aware_option
 @trace_option
+@progress_options
 def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batch_size, lr, momentum,
           weight_decay, bptt, clip, seed, device, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
           checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
-          cuda_aware=None, hierarchical=False, trace=None, **scheme_opts) -> None:
+          cuda_aware=None, hierarchical=False, trace=None, progress_interval=10.0, no_progress=False,
+          **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
     With --mp-stages S the model is split into S pipeline stages; --scheme
     is then how activations cross them (dense, or dct-mp) and --dp-scheme
     runs inside each stage's group of W/S replicas.
     """
+    output.configure_progress(progress_interval, not no_progress)
     schemes = tuple(dict.fromkeys(schemes))
     per_scheme = pick_scheme_options(tuple(dict.fromkeys(schemes + ((dp_scheme,) if dp_scheme else ()))),
                                      scheme_opts)

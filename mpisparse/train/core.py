@@ -309,7 +309,8 @@ def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
                               "density": out.density if out.density is not None else 0.0,
                               "skipped": not out.stepped, **out.log})
                 if progress is not None:
-                    progress(f"epoch {epoch + 1}/{cfg.epochs} batch {b + 1}/{len(batches)} loss {out.loss:.4f}")
+                    progress(f"epoch {epoch + 1}/{cfg.epochs} batch {b + 1}/{len(batches)} loss {out.loss:.4f}",
+                             done=epoch * len(batches) + b + 1, total=cfg.epochs * len(batches))
                 if cfg.checkpoint and _agree_flag(comm, signals.requested):
                     # a scheduler's warning (SLURM --signal=B:USR1@T): checkpoint, then stop cleanly
                     _save(comm, cfg, step, loop, epoch, b + 1, time.perf_counter() - t_start)

@@ -1,0 +1,66 @@
+"""Progress under ``mpiexec`` (stderr not a terminal): a status line every ``--progress-interval`` seconds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from conftest import HERE, mpiexec_prefix
+
+pytestmark = pytest.mark.mpi
+
+
+def _run(args: list[str], timeout: float = 240) -> tuple[list[tuple[float, str]], int]:
+    """Run ``mpisparse ARGS`` on 2 ranks; each stderr line with the time it arrived."""
+    prefix, extra = mpiexec_prefix(int(timeout))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parent), **extra)
+    env.pop("PMI_RANK", None)
+    argv = [*prefix, "-n", "2", sys.executable, "-m", "mpisparse", *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=HERE.parent)
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), ln.rstrip()))
+                                              for ln in proc.stderr], daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    reader.join(5)
+    return lines, rc
+
+
+def test_status_lines_at_the_interval_and_none_with_no_progress():
+    interval = 1.0
+    lines, rc = _run(["bench", "step", "--model", "resnet18", "--scheme", "topk", "--density", "0.01",
+                      "--iters", "60", "--warmup", "0", "--progress-interval", str(interval)])
+    assert rc == 0, lines[-20:]
+    status = [(t, ln) for t, ln in lines if ln.startswith("[topk: step]")]
+    assert len(status) >= 2, lines
+    # each line says how far, how fast and when it ends
+    assert all(" step " in ln and "steps/s" in ln and "ETA " in ln for _, ln in status)
+    # the first within 2 intervals of the first step (its rate says how long it has been stepping) ...
+    first = status[0][1]
+    done = int(first.split(" step ")[1].split("/")[0])
+    rate = float(first.split("| ")[1].split(" steps/s")[0])
+    assert done / rate <= 2 * interval + 0.5, first
+    # ... and then one every interval, never 2 intervals apart
+    gaps = [b - a for (a, _), (b, _) in zip(status, status[1:])]
+    assert all(g <= 2 * interval + 0.5 for g in gaps), gaps
+    quiet, rc = _run(["bench", "step", "--model", "ncf", "--scheme", "topk", "--iters", "5", "--warmup", "0",
+                      "--progress-interval", "0.1", "--no-progress"])
+    assert rc == 0 and not [ln for _, ln in quiet if ln.startswith("[")], quiet
+
+
+def test_train_prints_batch_status_lines_off_a_terminal():
+    lines, rc = _run(["train", "--model", "mlp", "--data", "digits", "--scheme", "topk", "--density", "0.05",
+                      "--epochs", "2", "--batch-size", "8", "--progress-interval", "0.2"])
+    assert rc == 0, lines[-20:]
+    status = [ln for _, ln in lines if ln.startswith("[train]")]
+    assert status and all("epoch " in ln and " batch " in ln and "loss " in ln for ln in status), lines[-10:]
