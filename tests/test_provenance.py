@@ -110,3 +110,36 @@ def test_bench_step_result_carries_provenance(tmp_path):
     assert when.utcoffset() == dt.timedelta(0) and before <= when <= dt.datetime.now(dt.timezone.utc)
     assert RunResult.from_dict(results[0]).provenance == prov
     assert "mpi4py.MPI" not in sys.modules or not sys.modules["mpi4py.MPI"].Is_initialized()
+
+
+def _single_process_block(prov):
+    assert prov["schema_version"] == SCHEMA_VERSION and prov["world_size"] == 1
+    assert prov["hosts"] == {socket.gethostname(): [0]}
+    assert prov["toolkit"]["name"] == "mpisparse" and prov["toolkit"]["version"] == __version__
+    ts = dt.datetime.fromisoformat(prov["timestamp_utc"])
+    assert abs((dt.datetime.now(dt.timezone.utc) - ts).total_seconds()) < 600
+
+
+def test_single_process_commands_carry_provenance(tmp_path):
+    """bench select (both modes) and bench model write the same block (world size 1)."""
+    from click.testing import CliRunner
+
+    from mpisparse.cli import cli
+
+    runs = {"kernels": ["bench", "select", "--sizes", "20000", "--densities", "0.01", "--repeats", "1"],
+            "deft": ["bench", "select", "--mode", "deft", "--model", "ncf", "--worlds", "1,2", "--repeats", "1"],
+            "model": ["bench", "model", "--worlds", "2,4"]}
+    for name, args in runs.items():
+        path = tmp_path / f"{name}.json"
+        res = CliRunner().invoke(cli, [*args, "--json", str(path)])
+        assert res.exit_code == 0, (name, res.output[-2000:])
+        data = json.loads(path.read_text())
+        for obj in data if isinstance(data, list) else [data]:
+            _single_process_block(obj["provenance"])
+
+
+def test_reproduce_report_carries_provenance():
+    from mpisparse.reproduce.base import Report
+
+    rep = Report(target="deft-buildup", title="t", seed=0, size="quick", network="shared memory")
+    _single_process_block(rep.to_json()["provenance"])

@@ -187,6 +187,11 @@ def select_sweep_command(backend: str, sizes: Sequence[int], densities: Sequence
     results = run_select_sweep(sizes, densities, run_point, repeats=repeats, seed=seed)
     echo(format_select_sweep(results))
     if json_path:
+        from ..results.provenance import local_provenance
+
+        prov = local_provenance()
+        for r in results:
+            r.setdefault("provenance", prov)
         tmp = Path(str(json_path) + ".tmp")
         tmp.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
         os.replace(tmp, json_path)

@@ -200,7 +200,9 @@ def bench_model(model, densities, worlds, rate, latency_us, exchange_json, share
                        shared_cores=shared_cores, measured=bm.load_measured(measured))
     click.echo(bm.format_model(res))
     if json_path:
-        Path(json_path).write_text(json.dumps(res, indent=1))
+        from ..results.provenance import local_provenance
+
+        Path(json_path).write_text(json.dumps({**res, "provenance": local_provenance()}, indent=1))
     if csv_path:
         with open(csv_path, "w", newline="") as f:
             w = csv.writer(f)

@@ -112,7 +112,11 @@ def scaling_outputs(results: list[dict[str, Any]], json_path: str | None, csv_pa
 def select_outputs(mode: str, results: list[dict[str, Any]], json_path, csv_path, plot_path) -> None:
     """``bench select``'s --json (a single point stays one object), --csv and --plot."""
     from ..bench.select_sweep import select_outputs as _select_files
+    from ..results.provenance import local_provenance
 
+    prov = local_provenance()
+    for r in results:
+        r.setdefault("provenance", prov)
     obj = results[0] if (mode == "kernels" and len(results) == 1) else results
     fb = Fallback(obj)
     fb.attempt("--json", json_path, lambda: write_json(json_path, obj))

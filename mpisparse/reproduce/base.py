@@ -129,7 +129,14 @@ class Report:
                 "network": self.network, "machine": machine_info(), "commands": self.commands,
                 "claims": [asdict(c) for c in self.claims], "details": [{"title": t, "table": x}
                                                                         for t, x in self.details],
-                "data": self.data, "notes": self.notes, "skipped": self.skipped, "seconds": self.seconds}
+                "data": self.data, "notes": self.notes, "skipped": self.skipped, "seconds": self.seconds,
+                "provenance": _provenance()}
+
+
+def _provenance() -> dict[str, Any]:
+    from ..results.provenance import local_provenance
+
+    return local_provenance()
 
 
 def machine_info() -> dict[str, Any]:

@@ -187,6 +187,12 @@ def provenance_block(facts: list[dict[str, Any]], *, cuda_aware: bool | None = N
             "cuda_aware": cuda_aware, "cuda_aware_how": cuda_aware_how}
 
 
+def local_provenance() -> dict[str, Any]:
+    """The ``provenance`` block of a command that runs as one process (``bench select``, ``bench model``,
+    ``reproduce``'s driver): world size 1, this host."""
+    return provenance_block([rank_facts(None)])
+
+
 def gather_provenance(comm) -> dict[str, Any]:
     """The ``provenance`` block (a collective over ``comm``: one ``allgather``; every rank gets the same)."""
     facts = comm.allgather_obj(rank_facts(comm))
