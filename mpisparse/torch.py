@@ -64,11 +64,12 @@ from .timing import PhaseTimer
 
 from .torch_api import (Average, Compression, Max, Min, Sum, allgather, allgather_object,  # noqa: E402
                         allreduce, broadcast, broadcast_, broadcast_object, broadcast_optimizer_state,
-                        broadcast_parameters, init, is_initialized, local_rank, local_size, rank, size)
+                        broadcast_parameters, communicator, init, is_initialized, local_rank, local_size, rank,
+                        size)
 
 __all__ = ["Average", "Compression", "DistributedOptimizer", "Max", "Min", "Sum", "allgather", "allgather_object",
            "allreduce", "broadcast", "broadcast_", "broadcast_object", "broadcast_optimizer_state",
-           "broadcast_parameters", "comm_hook", "init", "is_initialized", "join", "local_rank", "local_size",
+           "broadcast_parameters", "comm_hook", "communicator", "init", "is_initialized", "join", "local_rank", "local_size",
            "rank", "size"]
 
 
