@@ -21,6 +21,9 @@ from mpisparse.launch import build_mpiexec_command, find_mpiexec, has_remote_she
 
 HERE = Path(__file__).parent
 MPI_TIMEOUT = int(os.environ.get("MPISPARSE_TEST_MPI_TIMEOUT", "120"))
+# the suite's emulated clusters (reproduce, bench scaling, docs tables) use their own instance, so a
+# cluster someone left up with the default instance 0 (another rate, fewer hosts) cannot fail them
+os.environ.setdefault("EMUCLUSTER_INSTANCE", "96")
 
 
 def mpi_run(n: int, args: list[str], *, module: bool = False, timeout: int = MPI_TIMEOUT,
