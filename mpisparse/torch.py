@@ -94,7 +94,8 @@ class _DistributedMixin:
     """
 
     def _setup(self, optimizer, named, model, scheme, density, comm, timer, memory, seed, broadcast,
-               compression, backward_passes_per_step, op, gradient_predivide_factor, scheme_options):
+               compression, backward_passes_per_step, op, gradient_predivide_factor, scheme_options,
+               overlap=False, bucket_cap_mb=25.0):
         self.optimizer = optimizer
         self.model = model
         self.comm = comm if comm is not None else _default_comm()
@@ -136,6 +137,14 @@ class _DistributedMixin:
         self._synchronized = False
         self._skip_sync = False
         self._passes = 0
+        #: the bucket-wise exchange started from gradient hooks (None without overlap)
+        self.overlap = None
+        if overlap:
+            from .torch_overlap import BucketExchange
+
+            self._agg = torch.zeros_like(self._flat)
+            self.overlap = BucketExchange(self, scheme, density, memory=memory, seed=seed,
+                                          scheme_options=scheme_options, bucket_cap_mb=bucket_cap_mb)
         if broadcast:
             self.broadcast_parameters()
 
@@ -164,6 +173,14 @@ class _DistributedMixin:
                 p.grad = torch.zeros_like(p)
             p.grad.copy_(flat[s.offset:s.end].view(p.grad.shape))
 
+    def _prepare(self, flat: torch.Tensor) -> None:
+        """Predivide and round (fp16 compression) a part of the fusion buffer in place, before the exchange."""
+        if self.gradient_predivide_factor != 1.0:
+            flat.div_(self.gradient_predivide_factor)
+        if self.compression is not None and getattr(self.compression, "__name__", "") == "_FP16Compression":
+            # the values the wire carries: rounded to float16 (the dense exchange sums them in float32)
+            flat.copy_(flat.to(torch.float16).to(torch.float32))
+
     def _gather_grads(self) -> None:
         """Copy ``.grad`` into the fusion buffer (torch ops on the device) and flag a non-finite value."""
         for p, view in zip(self.params, self._grad_views):
@@ -171,11 +188,7 @@ class _DistributedMixin:
                 view.zero_()
             else:
                 view.copy_(p.grad.detach().reshape(view.shape))
-        if self.gradient_predivide_factor != 1.0:
-            self._flat.div_(self.gradient_predivide_factor)
-        if self.compression is not None and getattr(self.compression, "__name__", "") == "_FP16Compression":
-            # the values the wire carries: rounded to float16 (the dense exchange sums them in float32)
-            self._flat.copy_(self._flat.to(torch.float16).to(torch.float32))
+        self._prepare(self._flat)
         finite = backend.all_finite(self.buffer)  # on the buffer's device
         self._flag[0] = 0 if bool(finite) else 1  # an explicit host read (1 byte)
 
@@ -194,6 +207,8 @@ class _DistributedMixin:
         when a rank's gradient or the exchanged update is not finite.
         """
         self._synchronized = True
+        if self.overlap is not None:
+            return self._synchronize_overlapped()
         with self.timer.phase("compensate"):
             self._gather_grads()
         with self.timer.phase("wait"):
@@ -204,6 +219,23 @@ class _DistributedMixin:
         if not finite:
             return self._skip()
         out = self.scheme.step(self.buffer)
+        return self._finish_sync(out)
+
+    def _synchronize_overlapped(self) -> bool:
+        """The buckets' exchanges (most started during backward) finished, then the same agreement."""
+        with self.timer.phase("exchange_values"):  # what is left of the exchange after backward
+            finite, agg = self.overlap.finish()
+        self._flag[0] = 0 if finite else 1
+        with self.timer.phase("wait"):
+            finite = self._all_finite()
+        if not self._others_active:
+            self._sync_ok = False
+            return False
+        if not finite:
+            return self._skip()
+        return self._finish_sync(backend.as_array(agg))
+
+    def _finish_sync(self, out) -> bool:
         if not self._update_finite(out):  # the exchange overflowed: skipped like a non-finite gradient
             return self._skip()
         with self.timer.phase("update"):
@@ -326,6 +358,8 @@ class _DistributedMixin:
         state = dict(super().state_dict())
         state.update({"scheme": self.scheme.state_dict(), "skipped_steps": self.skipped_steps,
                       "steps": self.steps})
+        if self.overlap is not None:
+            state["buckets"] = [b.scheme.state_dict() for b in self.overlap.buckets]
         return state
 
     def load_state_dict(self, state: dict[str, Any], *, scheme_state: bool = True) -> None:
@@ -336,6 +370,9 @@ class _DistributedMixin:
         self.steps = int(state.get("steps", 0))
         if scheme_state and "scheme" in state:
             self.scheme.load_state_dict(state["scheme"])
+        if scheme_state and self.overlap is not None and "buckets" in state:
+            for b, st in zip(self.overlap.buckets, state["buckets"]):
+                b.scheme.load_state_dict(st)
 
 
 _instances: "weakref.WeakSet" = weakref.WeakSet()
@@ -381,7 +418,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, scheme: str = "dense", density: float = 1.0, *,
                          comm: Communicator | None = None, timer: PhaseTimer | None = None, memory: bool = True,
                          seed: int = 0, broadcast: bool | None = None, model: torch.nn.Module | None = None,
-                         **scheme_options: Any):
+                         overlap: bool = False, bucket_cap_mb: float = 25.0, **scheme_options: Any):
     """``optimizer`` made distributed: an instance of a subclass of its own class (Horovod's signature).
 
     named_parameters: ``model.named_parameters()`` (None: all of the
@@ -393,6 +430,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     scheme, density, memory, seed, **scheme_options: passed to the scheme.
     comm: a :class:`mpisparse.comm.Communicator` (the one ``init()`` started when omitted).
     broadcast: broadcast rank 0's parameters first (default: only with a model).
+    overlap: exchange bucket by bucket from gradient hooks while backward runs
+    (:mod:`mpisparse.torch_overlap`; schemes whose math is per element or per
+    layer: dense, topk with layerwise=True, threshold with a fixed threshold);
+    bucket_cap_mb: the least size of a bucket.
     """
     if isinstance(named_parameters, torch.nn.Module):  # older positional form: (opt, model, scheme, density)
         model = named_parameters
@@ -422,7 +463,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     dist.__dict__.update(optimizer.__dict__)  # the same param_groups, state and defaults objects
     dist._setup(optimizer, named, model, scheme, density, comm, timer, memory, seed,
                 bool(model is not None) if broadcast is None else broadcast, compression,
-                backward_passes_per_step, op, gradient_predivide_factor, scheme_options)
+                backward_passes_per_step, op, gradient_predivide_factor, scheme_options, overlap, bucket_cap_mb)
     global _last_created
     _last_created = weakref.ref(dist)
     return dist

@@ -92,3 +92,32 @@ def test_bad_arguments_are_named():
 @pytest.mark.timeout(200)
 def test_sum_average_accumulation_and_join_on_two_ranks():
     rank_script("torch_hvd", 2, timeout=120)
+
+
+def test_overlap_plan_and_refusals():
+    from mpisparse.torch_overlap import overlap_refusal, plan_buckets
+
+    # last layer first, each bucket at least the cap unless it is the last
+    assert plan_buckets([5, 1, 1, 8], 6) == [[3], [2, 1, 0]]
+    assert plan_buckets([5, 1, 1, 8], 100) == [[3, 2, 1, 0]]
+    assert plan_buckets([2, 2, 2], 2) == [[2], [1], [0]]
+    assert overlap_refusal("dense", {}) is None
+    assert overlap_refusal("topk", {"layerwise": True}) is None
+    assert overlap_refusal("threshold", {"threshold": 0.1}) is None
+    for scheme, opts in (("topk", {}), ("cltk", {}), ("deft", {}), ("threshold", {}), ("gtopk", {})):
+        assert overlap_refusal(scheme, opts).startswith(f"overlap=True: scheme {scheme!r} cannot run bucket by bucket")
+
+
+def test_overlap_refuses_a_whole_vector_scheme_in_one_line():
+    with pytest.raises(ValueError, match=r"overlap=True: scheme 'cltk' cannot run bucket by bucket \(.*\); allowed:"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                 comm=SelfComm(), scheme="cltk", density=0.5, overlap=True)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_overlap_equals_the_plain_step(ranks):
+    rank_script("torch_overlap", ranks, timeout=150)

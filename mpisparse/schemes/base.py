@@ -47,6 +47,18 @@ class CollectiveScheme(SchemeBase):
     #: exchanges only through Allreduce, Bcast and Allgatherv, whose two-level forms give the same result
     hierarchical: ClassVar[bool] = True
 
+    @classmethod
+    def bucket_reason(cls, options: dict[str, Any]) -> str | None:
+        """Why this scheme (with ``options``) cannot run bucket by bucket (None: it can).
+
+        Bucket-wise (``DistributedOptimizer(overlap=True)``) each bucket of
+        layers is exchanged by its own instance of the scheme; that equals
+        one step over the whole vector only when every decision is per
+        element or per layer.  Most schemes select over the whole vector
+        (a global top-k, a leader's index set, DEFT's layer allocation).
+        """
+        return "its selection spans the whole vector (a global top-k or threshold, or an allocation over all layers)"
+
     def __init__(self, comm, layout: FusionLayout, density: float, *, memory: bool = True,
                  timer: PhaseTimer | None = None, seed: int = 0, **options: Any):
         super().__init__(comm, layout, density, timer=timer, seed=seed, **options)

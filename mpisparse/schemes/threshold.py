@@ -23,6 +23,12 @@ class Threshold(SparseGatherScheme):
                      low=0.0),
     )
 
+    @classmethod
+    def bucket_reason(cls, options):
+        if options.get("threshold") is None:
+            return "without --threshold its tau is calibrated over the whole vector"
+        return None
+
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.tau = self.opts["threshold"]

@@ -25,6 +25,10 @@ class TopK(SparseGatherScheme):
                      "topk: select ceil(density * size) entries in each layer instead of over the whole vector"),
     )
 
+    @classmethod
+    def bucket_reason(cls, options):
+        return None if options.get("layerwise") else "without --layerwise its top-k spans the whole vector"
+
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self._scratch = None
