@@ -28,6 +28,13 @@ def under_mpi_launcher(env: Mapping[str, str] = os.environ) -> bool:
     return any(v in env for v in _LAUNCHER_RANK_VARS + _LAUNCHER_SIZE_VARS)
 
 
+def under_torchrun(env: Mapping[str, str] = os.environ) -> bool:
+    """True inside a process started by ``torchrun`` (torch.distributed's elastic launcher), not by MPI."""
+    if under_mpi_launcher(env):
+        return False
+    return "TORCHELASTIC_RUN_ID" in env or all(v in env for v in ("LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR"))
+
+
 def env_rank(env: Mapping[str, str] = os.environ) -> int:
     """This rank's number from the launcher's environment (0 outside MPI).
 

@@ -23,7 +23,7 @@ from .registry import SCHEMES, scheme_class
 if TYPE_CHECKING:  # annotations only: the configuration imports this module
     from .config import BenchConfig, TrainConfig
 
-__all__ = ["RUNTIMES", "Runtime", "bench_step", "check_bench", "check_servers", "check_train", "runtime_of",
+__all__ = ["RUNTIMES", "Runtime", "bench_step", "check_bench", "check_servers", "check_torchrun", "check_train", "runtime_of",
            "schemes_of", "train", "train_runtime"]
 
 
@@ -46,6 +46,8 @@ class Runtime:
     baseline: str | None = None
     #: why this runtime refuses ``--device cuda`` (empty: it runs on the device)
     device_refusal: str = ""
+    #: why this runtime cannot run over torch.distributed under torchrun (empty: it can)
+    torchrun_refusal: str = "needs MPI's point-to-point messages"
 
     def driver(self, spec: str) -> Callable[..., Any]:
         module, func = spec.split(":")
@@ -76,7 +78,7 @@ class Runtime:
 
 RUNTIMES: dict[str, Runtime] = {
     "collective": Runtime("collective", "mpisparse.train.loop:run_training", "mpisparse.bench.step:run_step_bench",
-                          baseline="dense"),
+                          baseline="dense", torchrun_refusal=""),
     "ps": Runtime("ps", "mpisparse.ps.train:run_ps_training", "mpisparse.ps.bench:run_ps_step_bench",
                   check="mpisparse.ps.options:check_config", baseline="plumpdp",
                   device_refusal="the parameter-server runtime (scheme {scheme}) keeps the servers' shards and "
@@ -108,6 +110,15 @@ def train_runtime(cfg: TrainConfig) -> Runtime:
 def check_train(cfg: TrainConfig, world: int | None = None) -> None:
     """The runtime's own checks of a training configuration (called by ``TrainConfig.validate``)."""
     train_runtime(cfg).check_config(cfg, world)
+
+
+def check_torchrun(cfg: TrainConfig) -> None:
+    """ValueError (one line) when ``cfg`` cannot train over torch.distributed (``train`` under torchrun)."""
+    rt = train_runtime(cfg)
+    if rt.torchrun_refusal:
+        what = "--mp-stages" if cfg.mp is not None else f"--scheme {cfg.scheme}"
+        raise ValueError(f"{what} {rt.torchrun_refusal} (runtime {rt.name}); under torchrun: the data-parallel "
+                         f"schemes ({', '.join(RUNTIMES['collective'].schemes())})")
 
 
 def check_bench(cfg: BenchConfig, world: int | None = None) -> None:

@@ -67,6 +67,9 @@ class TorchDistCommunicator:
         self.size: int = dist.get_world_size(group)
         self.check = False
         self.stats: dict[str, CallStats] = {}
+        #: no host staging: the backend (gloo, NCCL) takes the tensors where they are
+        self.staging = {"d2h": 0, "h2d": 0, "d2h_bytes": 0, "h2d_bytes": 0}
+        self.cuda_aware, self.cuda_aware_how = None, f"torch.distributed ({dist.get_backend(group)})"
 
     # the counters and the byte model are the MPI communicator's own (one place for both)
     bytes_sent = Communicator.bytes_sent
@@ -168,6 +171,13 @@ class TorchDistCommunicator:
         box = [obj]
         dist.broadcast_object_list(box, src=root, group=self.group)
         return box[0]
+
+    def close(self) -> None:
+        """End a job's use of the process group: wait for every rank, then destroy it (a gloo group left
+        to the interpreter's exit can abort a process in its teardown)."""
+        self.barrier()
+        if self.group is None:
+            dist.destroy_process_group()
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)

@@ -21,7 +21,7 @@ from .options import (progress_options, trace_option, SectionedCommand, check_pl
                       validated, out_dir_or_default, writable_dir, writable_file)
 from .session import maybe_relaunch, open_comm
 
-__all__ = ["bench", "bench_exchange", "bench_scaling", "bench_select", "bench_step"]
+__all__ = ["bench", "bench_exchange", "bench_overlap", "bench_scaling", "bench_select", "bench_step"]
 
 
 @click.group()
@@ -103,6 +103,54 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
             output.print_step_result(res)
     if comm.rank == 0:
         output.finish_step(results, json_path, csv_path, plot_path)
+
+
+# --------------------------------------------------------------------------- overlap
+@bench.command("overlap", cls=SectionedCommand)
+@mpi_options
+@click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18"]), default="resnet18", show_default=True,
+              help="The net trained (CIFAR-shaped random batches, each rank its own).")
+@click.option("--scheme", "schemes", type=click.Choice(["dense", "threshold", "topk"]), multiple=True,
+              default=("dense",), show_default=True,
+              help="Repeatable. Schemes that run bucket by bucket: dense, topk with --layerwise, threshold with "
+                   "--threshold.")
+@click.option("--density", type=float, default=0.01, show_default=True, help="Density of the sparse schemes.")
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True, help="Samples per rank per step.")
+@click.option("--iters", type=click.IntRange(min=1), default=10, show_default=True, help="Timed steps per way.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True, help="Untimed steps first.")
+@click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True,
+              help="Least size of a bucket (MB of float32 gradients).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the net and the batches.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
+              help="Write the rows (and provenance) to this file.")
+@scheme_options
+def bench_overlap(nprocs, timeout, model, schemes, density, batch, iters, warmup, bucket_cap_mb, seed, json_path,
+                  **scheme_opts) -> None:
+    """Step time with the exchange after backward vs overlapped with it (gradient hooks), side by side."""
+    from ..torch_overlap import overlap_refusal
+
+    schemes = tuple(dict.fromkeys(schemes))
+    per_scheme = pick_scheme_options(schemes, scheme_opts)
+    for s in schemes:
+        usage(validate_density, density)
+        why = overlap_refusal(s, per_scheme[s])
+        if why is not None:
+            raise click.UsageError(why.replace("overlap=True: ", "").replace("layerwise=True", "--layerwise")
+                                   .replace("a fixed threshold", "--threshold T"))
+    maybe_relaunch(nprocs, timeout)
+
+    from ..bench.overlap import format_overlap, run_overlap
+    from ..results.files import write_json
+    from ..results.provenance import gather_provenance
+
+    comm = open_comm(nprocs)
+    say = (lambda name: click.echo(f"{name}: done", err=True)) if comm.rank == 0 else None
+    res = run_overlap(comm, model=model, schemes=[(s, per_scheme[s]) for s in schemes], density=density,
+                      batch=batch, iters=iters, warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed, progress=say)
+    prov = gather_provenance(comm)
+    if comm.rank == 0:
+        click.echo(format_overlap(res))
+        write_json(json_path, {**res, "provenance": prov})
 
 
 # --------------------------------------------------------------------------- exchange

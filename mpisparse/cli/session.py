@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import click
@@ -67,6 +68,25 @@ def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None =
         from ..hierarchy import HierarchicalCommunicator
 
         comm = HierarchicalCommunicator(comm)
+    return comm
+
+
+def open_torch_dist(device: str, configs: Sequence[Any] = ()):
+    """The communicator of a ``torchrun`` job: ``torch.distributed`` (gloo on CPU, NCCL for ``--device cuda``)
+    initialised from torchrun's environment, wrapped as :class:`mpisparse.torch_dist.TorchDistCommunicator`;
+    ``configs`` are compared across ranks first.  No MPI is started."""
+    import torch
+    import torch.distributed as dist
+
+    from ..torch_dist import TorchDistCommunicator
+
+    if not dist.is_initialized():
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    comm = TorchDistCommunicator()
+    if configs:
+        agree_on_config(comm, configs)
     return comm
 
 

@@ -13,14 +13,14 @@ import click
 
 from ..config import DATASETS, DEVICES, TRAIN_MODELS, MPConfig, TrainConfig
 from ..device import check_device_usable
-from ..launch import under_mpi_launcher
+from ..launch import under_mpi_launcher, under_torchrun
 from ..registry import SCHEMES
 from ..results.trace import trace_path
-from ..runtimes import check_servers, schemes_of
+from ..runtimes import check_servers, check_torchrun, schemes_of
 from . import output
 from .options import (progress_options, trace_option, SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
                       pick_scheme_options, scheme_options, step_options, usage, validated, writable_dir)
-from .session import maybe_relaunch, open_comm
+from .session import maybe_relaunch, open_comm, open_torch_dist
 
 __all__ = ["train"]
 
@@ -53,6 +53,9 @@ def _split_after(text: str | None) -> list[str]:
 @click.option("--clip", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Clip the local gradient norm before exchange (0: off).")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--launcher", type=click.Choice(["auto", "mpi", "torchrun"]), default="auto", show_default=True,
+              help="How the ranks talk: mpi (mpiexec, srun, -n), or torchrun (torch.distributed: gloo, or NCCL with "
+                   "--device cuda; data-parallel schemes only); auto: torchrun when started by torchrun.")
 @click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
               help="cuda: the whole data-parallel step on each rank's GPU (by local rank); needs CuPy and a CUDA torch.")
 @step_options
@@ -86,7 +89,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
           weight_decay, bptt, clip, seed, device, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
           checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
           cuda_aware=None, hierarchical=False, trace=None, progress_interval=10.0, no_progress=False,
-          **scheme_opts) -> None:
+          launcher="auto", **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
     With --mp-stages S the model is split into S pipeline stages; --scheme
@@ -121,12 +124,15 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
     usage(check_device_usable, device, need_torch=True)
     if not (resume or overwrite_checkpoint):
         _refuse_existing_checkpoints(cfgs)
-    maybe_relaunch(nprocs, timeout)
+    if _torchrun(launcher, nprocs, cfgs):
+        comm = open_torch_dist(device, cfgs)
+    else:
+        maybe_relaunch(nprocs, timeout)
+        comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs,
+                         hierarchical=cfgs[0].hierarchical)
 
     from ..runtimes import train as run_train
 
-    comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs,
-                     hierarchical=cfgs[0].hierarchical)
     log = output.train_log(comm, csv_path, resume)
     steps: dict[str, list] = {}
     results = []
@@ -140,6 +146,27 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
             output.print_train_result(res)
     if comm.rank == 0:
         output.finish_train(results, steps, log, json_path, plot_path)
+    if hasattr(comm, "close"):  # torch.distributed (torchrun): end the process group on every rank
+        comm.close()
+
+
+def _torchrun(launcher: str, nprocs: int | None, cfgs) -> bool:
+    """Whether this run talks over torch.distributed (``--launcher torchrun``, or auto under torchrun);
+    the options that need MPI are refused in one line."""
+    if launcher == "mpi" or (launcher == "auto" and not under_torchrun()):
+        return False
+    if launcher == "torchrun" and not under_torchrun():
+        raise click.UsageError("--launcher torchrun: this process was not started by torchrun (no "
+                               "TORCHELASTIC_RUN_ID / WORLD_SIZE); run: torchrun --nproc-per-node W -m mpisparse train ...")
+    if nprocs is not None:
+        raise click.UsageError(f"-n {nprocs} with torchrun: torchrun decides the processes (--nproc-per-node); "
+                               "drop -n")
+    for cfg in cfgs:
+        usage(check_torchrun, cfg)
+        if cfg.hierarchical or cfg.check_collectives or cfg.cuda_aware is not None:
+            raise click.UsageError("--hierarchical, --check-collectives and --cuda-aware are MPI settings; "
+                                   "under torchrun leave them out")
+    return True
 
 
 def _check_data_dir(data: str, data_dir: str | None) -> None:

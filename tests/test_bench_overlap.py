@@ -1,0 +1,53 @@
+"""``bench overlap``: the three ways side by side (a bounded 2-rank job), its table, its refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import mpi_run
+from mpisparse.bench.overlap import format_overlap
+from mpisparse.cli import cli
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_two_ranks_write_every_way_with_provenance(tmp_path):
+    j = tmp_path / "ov.json"
+    p = mpi_run(2, ["bench", "overlap", "--model", "cnn", "--scheme", "dense", "--scheme", "topk", "--layerwise",
+                    "--density", "0.05", "--iters", "2", "--warmup", "1", "--batch", "4", "--bucket-cap-mb", "0.1",
+                    "--json", str(j)], module=True, timeout=240)
+    assert "exchange after backward (ms)" in p.stdout and "topk --layerwise" in p.stdout
+    res = json.loads(j.read_text())
+    assert res["world_size"] == 2 and res["provenance"]["world_size"] == 2
+    rows = {r["scheme"]: r for r in res["rows"]}
+    assert set(rows) == {"dense", "topk"} and rows["topk"]["options"] == {"layerwise": True}
+    for r in rows.values():
+        assert r["compute_ms"] > 0 and r["plain_ms"] > 0 and r["overlap_ms"] > 0
+        assert r["speedup"] == pytest.approx(r["plain_ms"] / r["overlap_ms"])
+        assert r["buckets"] >= 2  # the cnn in 0.1 MB buckets
+        # every bucket but possibly the one holding the first layer starts from a hook, during backward
+        assert r["started_in_backward_per_step"] >= r["buckets"] - 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--scheme", "topk"], "scheme 'topk' cannot run bucket by bucket (without --layerwise its top-k spans the "
+                           "whole vector); allowed: dense, topk with --layerwise, threshold with --threshold T"),
+    (["--scheme", "threshold"], "scheme 'threshold' cannot run bucket by bucket (without --threshold its tau is "
+                                "calibrated over the whole vector)"),
+    (["--bucket-cap-mb", "0"], "Invalid value for '--bucket-cap-mb'"),
+    (["--scheme", "dense", "--layerwise"], "--layerwise"),
+])
+def test_refusals_are_one_line_before_mpi(args, message):
+    r = CliRunner().invoke(cli, ["bench", "overlap", *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_table_names_each_way():
+    res = {"model": "cnn", "batch": 4, "world_size": 2, "density": 0.01, "bucket_cap_mb": 1.0, "iters": 3,
+           "rows": [{"scheme": "topk", "options": {"layerwise": True}, "compute_ms": 10.0, "plain_ms": 30.0,
+                     "overlap_ms": 20.0, "speedup": 1.5, "hidden": 0.5, "buckets": 3}]}
+    text = format_overlap(res)
+    assert "topk --layerwise" in text and "1.50x" in text and "50%" in text and "30.0" in text

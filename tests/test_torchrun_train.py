@@ -1,0 +1,77 @@
+"""``mpisparse train`` under torchrun: the same schemes over torch.distributed (gloo), no MPI.
+
+A 2-process torchrun job and a 2-rank MPI job with the same options must
+give the same run: losses, accuracies, bytes and density, step by step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import HERE, mpi_run
+from mpisparse.cli import cli
+
+TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "t", "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
+
+
+def _result(path):
+    res = json.loads(path.read_text())
+    return res[0] if isinstance(res, list) else res
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("scheme", ["topk", "deft"])
+def test_torchrun_equals_mpi(scheme, tmp_path):
+    args = ["train", "--model", "mlp", "--scheme", scheme, "--density", "0.05", "--epochs", "1", "--batch-size", "64"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p))
+    tr = tmp_path / "torchrun.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "mpisparse", *args, "--json", str(tr)],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=HERE.parent)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    mp = tmp_path / "mpi.json"
+    mpi_run(2, [*args, "--json", str(mp)], module=True, timeout=300)
+    a, b = _result(tr), _result(mp)
+    assert a["world_size"] == b["world_size"] == 2
+    def learned(res):  # every epoch's losses and accuracies (not its wall-clock time)
+        return [{k: v for k, v in e.items() if k != "wall_seconds"} for e in res["metrics"]["per_epoch"]]
+
+    assert learned(a) == learned(b)  # the same bits
+    for key in ("bytes_sent_per_rank", "density_actual", "skipped_steps", "n"):
+        assert a[key] == b[key], key
+    assert a["provenance"]["cuda_aware_how"] == "torch.distributed (gloo)"
+    assert a["provenance"]["mpi"]["library"] is None  # MPI never started
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["--launcher", "torchrun"], {}, "--launcher torchrun: this process was not started by torchrun"),
+    (["-n", "2"], TORCHRUN_ENV, "-n 2 with torchrun: torchrun decides the processes"),
+    (["--scheme", "dgs"], TORCHRUN_ENV, "--scheme dgs needs MPI's point-to-point messages (runtime ps); under "
+                                        "torchrun: the data-parallel schemes"),
+    (["--mp-stages", "2"], TORCHRUN_ENV, "--mp-stages needs MPI's point-to-point messages (runtime mp)"),
+    (["--hierarchical"], TORCHRUN_ENV, "--hierarchical, --check-collectives and --cuda-aware are MPI settings"),
+])
+def test_torchrun_refusals_are_one_line(args, env, message, monkeypatch):
+    for k in ("TORCHELASTIC_RUN_ID", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    r = CliRunner().invoke(cli, ["train", *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+
+
+def test_torchrun_is_detected_only_without_mpi():
+    from mpisparse.launch import under_torchrun
+
+    assert under_torchrun(TORCHRUN_ENV)
+    assert not under_torchrun({**TORCHRUN_ENV, "PMI_RANK": "0"})
+    assert not under_torchrun({})
