@@ -32,12 +32,17 @@ def test_asgd_converges_with_the_same_compensation():
 
 
 @pytest.mark.parametrize("scheme", ["dgs", "asgd"])
-def test_the_momentum_as_given_diverges_at_staleness_one(scheme):
-    """The cause: two asynchronous workers add implicit momentum to m = 0.9 (both schemes, not DGS alone)."""
+def test_the_momentum_as_given_is_unstable_at_staleness_one(scheme):
+    """The cause: two asynchronous workers add implicit momentum to m = 0.9 (both schemes, not DGS alone).
+
+    As given, DGS diverges (14 % after 20 epochs) and ASGD degrades (its loss climbs back from its
+    best, 77 % at the end); the compensated momentum ends above 90 % in 8 epochs for both.
+    """
     plain = replay(scheme, workers=2, delay=0, epochs=20, async_momentum="as-given")
     fixed = replay(scheme, workers=2, delay=0, epochs=8)
-    assert plain.final_accuracy < 0.6, plain.test_accuracy
     assert fixed.final_accuracy > 0.9, fixed.test_accuracy
+    assert plain.final_accuracy < fixed.final_accuracy - 0.15, (plain.test_accuracy, fixed.test_accuracy)
+    assert plain.train_loss[-1] > 1.5 * min(plain.train_loss), plain.train_loss  # it got worse, not better
 
 
 def test_one_worker_replays_the_momentum_unchanged():
