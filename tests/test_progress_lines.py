@@ -64,3 +64,38 @@ def test_train_prints_batch_status_lines_off_a_terminal():
     assert rc == 0, lines[-20:]
     status = [ln for _, ln in lines if ln.startswith("[train]")]
     assert status and all("epoch " in ln and " batch " in ln and "loss " in ln for ln in status), lines[-10:]
+
+
+def test_bench_scaling_passes_its_jobs_progress_lines_on_while_they_run(tmp_path):
+    """The driver is not an MPI job: its jobs' status lines come through it, indented, as they are printed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parent))
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "mpisparse", "bench", "scaling", "--worlds", "2", "--densities",
+                             "0.01", "--model", "resnet18", "--scheme", "topk", "--iters", "30",
+                             "--progress-interval", "0.5", "--out", str(tmp_path / "runs"), "--timeout", "300"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=HERE.parent)
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: [lines.append((time.monotonic(), ln.rstrip()))
+                                              for ln in proc.stderr], daemon=True)
+    reader.start()
+    out = proc.communicate(timeout=400)[0]
+    reader.join(5)
+    assert proc.returncode == 0, [ln for _, ln in lines][-20:]
+    status = [(t, ln) for t, ln in lines if ln.startswith("        [topk: step] step ")]
+    assert len(status) >= 2, lines
+    done_at = t0 + float(out.split("done in ")[1].split(" s")[0])
+    assert status[0][0] < done_at  # the first one arrived while the job still ran
+    assert "--progress-interval 0.5" in out  # the job was told the interval
+
+
+def test_bench_scaling_with_no_progress_passes_it_on(tmp_path):
+    from click.testing import CliRunner
+
+    from mpisparse.bench.scaling import plan_scaling
+    from mpisparse.cli import cli
+
+    assert CliRunner().invoke(cli, ["bench", "scaling", "--help"]).output.count("--no-progress") == 1
+    pts = plan_scaling(models=["ncf"], schemes=["topk"], worlds=[2], densities=[0.01], iters=1, warmup=0,
+                       extra_options=["--no-progress"], out_dir=tmp_path)
+    assert "--no-progress" in pts[0].run.options

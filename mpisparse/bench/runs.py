@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -177,12 +178,22 @@ def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def _pump(pipe, keep: list[str], echo: Callable[[str], None]) -> None:
+    """Read ``pipe`` line by line into ``keep``; pass the job's progress lines (``[label] ...``) to ``echo``."""
+    for line in pipe:
+        keep.append(line)
+        if line.startswith("["):
+            echo("        " + line.rstrip("\n"))
+    pipe.close()
+
+
 def run_subrun(run: SubRun, *, timeout: int | None = None, stream: bool = False,
-               echo: Callable[[str], None] | None = None) -> Outcome:
+               echo: Callable[[str], None] | None = None, progress: Callable[[str], None] | None = None) -> Outcome:
     """Run ``run``; returns its :class:`Outcome` with the JSON it wrote, or raises :class:`RunFailed`.
 
     ``stream`` shows the job's output as it runs (otherwise it is kept and
-    its tail shown only on failure).
+    its tail shown only on failure); ``progress`` receives the job's
+    progress lines as they come (its stderr is still kept).
     """
     argv = launch_argv(run, timeout)
     if run.json_path is not None:
@@ -192,6 +203,11 @@ def run_subrun(run: SubRun, *, timeout: int | None = None, stream: bool = False,
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, env=child_env(run), stdout=None if stream else subprocess.PIPE,
                             stderr=None if stream else subprocess.PIPE, text=True, start_new_session=True)
+    pump, err_lines = None, []
+    if progress is not None and not stream:  # stderr read by a thread that forwards progress lines
+        pipe, proc.stderr = proc.stderr, None  # communicate() leaves it to the thread
+        pump = threading.Thread(target=_pump, args=(pipe, err_lines, progress), daemon=True)
+        pump.start()
     try:
         out, err = proc.communicate(timeout=None if timeout is None else timeout + GRACE_SECONDS)
     except subprocess.TimeoutExpired:
@@ -202,6 +218,9 @@ def run_subrun(run: SubRun, *, timeout: int | None = None, stream: bool = False,
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait()
         raise
+    if pump is not None:
+        pump.join(timeout=10)
+        err = "".join(err_lines)
     seconds = time.perf_counter() - t0
     out, err = out or "", err or ""
     if proc.returncode != 0:

@@ -112,12 +112,15 @@ def attach_speedups(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def run_scaling(points: Sequence[ScalingPoint], *, timeout: int | None, echo: Callable[[str], None] = print,
-                stream: bool = False) -> list[dict[str, Any]]:
-    """Run every point's job (printing its command line); all result objects, each job's in order."""
+                stream: bool = False, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Run every point's job (printing its command line); all result objects, each job's in order.
+
+    ``progress``: receives each job's progress lines while it runs (the jobs
+    are given ``--progress-interval`` by :func:`plan_scaling`)."""
     out: list[dict[str, Any]] = []
     for i, p in enumerate(points, 1):
         echo(f"[{i}/{len(points)}] $ {display_command(p.run, timeout)}")
-        o: Outcome = run_subrun(p.run, timeout=timeout, stream=stream)
+        o: Outcome = run_subrun(p.run, timeout=timeout, stream=stream, progress=progress)
         echo(f"        done in {o.seconds:.1f} s")
         out += attach_speedups(results_list(o.result))
     return out

@@ -394,9 +394,11 @@ def bench_select(mode, size, models, worlds, density, repeats, threads, distribu
               help="One row per model, scheme, W and density.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="PNG: step time, speedup and bytes per rank against W.")
+@progress_options
 @scheme_options
 def bench_scaling(worlds, densities, models, schemes, no_baseline, iters, warmup, seed, no_memory, servers,
-                  timeout, emucluster_rate, out_dir, verbose, json_path, csv_path, plot_path, **scheme_opts) -> None:
+                  timeout, emucluster_rate, out_dir, verbose, json_path, csv_path, plot_path, progress_interval=10.0,
+                  no_progress=False, **scheme_opts) -> None:
     """Sweep W and density: runs `mpisparse bench step -n W` per point, then one table and one plot.
 
     Not an MPI job itself: run it as a plain command (in a SLURM batch
@@ -424,6 +426,8 @@ def bench_scaling(worlds, densities, models, schemes, no_baseline, iters, warmup
             raise click.UsageError(f"--emucluster: {why}")
     given = {k: v for k, v in scheme_opts.items() if v is not None}
     extra = scheme_option_args({"given": given}) + (["--no-memory"] if no_memory else [])
+    # each job prints a status line every interval; the driver passes them on while the job runs
+    extra += ["--no-progress"] if no_progress else ["--progress-interval", f"{progress_interval:g}"]
     if out_dir is None:  # kept: the command lines printed name files that exist afterwards
         out_dir = out_dir_or_default(None, "scaling")
     points = plan_scaling(models=models, schemes=schemes, worlds=worlds, densities=densities, iters=iters,
@@ -432,7 +436,8 @@ def bench_scaling(worlds, densities, models, schemes, no_baseline, iters, warmup
     if not points:
         raise click.UsageError("no point to run: every scheme needs more ranks than --worlds offers")
     try:
-        results = run_scaling(points, timeout=timeout, echo=click.echo, stream=verbose)
+        results = run_scaling(points, timeout=timeout, echo=click.echo, stream=verbose,
+                              progress=None if no_progress else (lambda line: click.echo(line, err=True)))
     except RunFailed as e:
         raise click.ClickException(f"{e} (the finished jobs' JSON is in {out_dir})") from None
     output.scaling_outputs(results, json_path, csv_path, plot_path, out_dir=out_dir)
