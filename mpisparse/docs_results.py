@@ -822,6 +822,43 @@ _table(Table(
 ))
 
 
+def _overlap_render(res: dict[str, Any], quick: bool) -> str:
+    r = res.get("overlap")
+    if not r:
+        return "(no result)"
+    rows = []
+    for row in r["rows"]:
+        opts = "".join(f" --{k}" if v is True else f" --{k} {v}" for k, v in row["options"].items())
+        rows.append([f"`{row['scheme']}{opts}`", f"{row['compute_ms']:.1f}", f"{row['plain_ms']:.1f}",
+                     f"{row['overlap_ms']:.1f}", f"{row['speedup']:.2f}x" if row["speedup"] else "—",
+                     f"{100 * row['hidden']:.0f} %" if row["hidden"] is not None else "—", str(row["buckets"])])
+    head = (f"{r['model']}, batch {r['batch']} per rank, W = {r['world_size']} (one rank per emulated host, "
+            f"links of 1 Gbit/s), density {r['density']}, buckets of at least {r['bucket_cap_mb']:g} MB; "
+            f"median of {r['iters']} steps after {r['warmup']} untimed, the slowest rank\n\n")
+    return head + md_table(["scheme", "compute only ms", "exchange after backward ms", "overlapped ms", "speedup",
+                            "exchange hidden", "buckets"], rows) + (
+        "\n\n`exchange hidden` = (after backward - overlapped) / (after backward - compute only). Every "
+        "emulated host shares this machine's cores: backward of 4 ranks runs on 2 cores, and the "
+        "communication thread's MPI progress competes with it for them.")
+
+
+_table(Table(
+    name="overlap",
+    title="Overlapping the exchange with backward (`bench overlap`, `DistributedOptimizer(overlap=True)`)",
+    about=("A real training step of a net through `mpisparse.torch.DistributedOptimizer`, three ways in one "
+           "job on the emulated cluster: no exchange, the exchange after backward, and buckets exchanged "
+           "from gradient hooks while backward runs ([torch.md](../torch.md#overlapping-the-exchange-with-"
+           "backward-overlaptrue))."),
+    runs=lambda quick: [Run("overlap", ["bench", "overlap", "--model", "cnn" if quick else "resnet18",
+                                        "--scheme", "dense", "--scheme", "topk", "--layerwise", "--density", "0.01",
+                                        "--batch", "8" if quick else "16", "--iters", "2" if quick else "5",
+                                        "--warmup", "1" if quick else "2", "--bucket-cap-mb", "1" if quick else "5"],
+                            emucluster=(2 if quick else 4, "1gbit"))],
+    render=_overlap_render,
+    unavailable=_emucluster_unavailable,
+))
+
+
 # --------------------------------------------------------------------------- reproduce targets
 REPRODUCE_TARGETS = ("deft-buildup", "deft-breakdown", "deft-speedup", "scalecom-similarity", "dct-threshold",
                      "slimdp-traffic", "dgs-speedup")
