@@ -132,3 +132,26 @@ def test_threshold_and_randomk_give_the_same_steps_fused_and_plain(scheme, opts,
 
     for a, b in zip(run("0"), run("1")):
         assert np.array_equal(a, b)
+
+
+@needs_numba
+@pytest.mark.parametrize("n,k", [(100_000, 100), (300_001, 3_000), (200_000, 1), (1_000_003, 999)])
+def test_topk_abs_with_the_compiled_candidate_pass_is_the_plain_set(n, k, monkeypatch):
+    x = np.random.default_rng(n).standard_t(3, size=n).astype(np.float32)
+    x[::7] = 0.0  # zeros and ties
+    x[5:50] = x[60]
+    monkeypatch.setenv("MPISPARSE_FUSED", "0")
+    plain = nk.topk_abs(x, k, rng=1)
+    monkeypatch.setenv("MPISPARSE_FUSED", "1")
+    fast = nk.topk_abs(x, k, rng=1)
+    again = nk.topk_abs(x, k, rng=1)
+    assert fast.shape == (k,) and np.unique(fast).size == k
+    # the same magnitudes (on exact ties any of the tied indices)
+    assert np.array_equal(np.sort(np.abs(x[plain])), np.sort(np.abs(x[fast])))
+    assert np.array_equal(fast, again)  # the result is not a view of the reused buffer, overwritten by the next call
+    assert fused.select_ge(x, np.float32(np.inf), 10, np.int64).size == 0
+
+
+def test_select_ge_is_none_when_switched_off(monkeypatch):
+    monkeypatch.setenv("MPISPARSE_FUSED", "0")
+    assert fused.select_ge(np.ones(10, np.float32), np.float32(0.5), 10, np.int64) is None

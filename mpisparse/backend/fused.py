@@ -30,7 +30,7 @@ from . import numpy_kernels as nk
 from .numpy_kernels import index_dtype
 
 __all__ = ["available", "compensate_candidates", "compensate_threshold", "compensate_topk", "enabled",
-           "topk_from_candidates"]
+           "select_ge", "topk_from_candidates"]
 
 #: elements per block of the fused loop: a block's magnitudes are compared with one vectorised max first
 _BLOCK = 64
@@ -60,6 +60,29 @@ try:  # optional: the compiled loop
             v = e[j] + g[j]
             e[j] = v
             if abs(v) >= t:
+                if c < cap:
+                    cand[c] = j
+                c += 1
+        return c
+
+    @numba.njit(cache=True, nogil=True)
+    def _select_pass(x, t, cand):  # pragma: no cover - compiled
+        n = x.shape[0]
+        cap = cand.shape[0]
+        c = 0
+        full = n - n % _BLOCK
+        for b in range(0, full, _BLOCK):
+            hi = x.dtype.type(0)
+            for j in range(b, b + _BLOCK):
+                hi = max(hi, abs(x[j]))
+            if hi >= t:
+                for j in range(b, b + _BLOCK):
+                    if abs(x[j]) >= t:
+                        if c < cap:
+                            cand[c] = j
+                        c += 1
+        for j in range(full, n):
+            if abs(x[j]) >= t:
                 if c < cap:
                     cand[c] = j
                 c += 1
@@ -144,6 +167,16 @@ def compensate_candidates(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, fus
     cap = 4 * k + 1024
     cand = _buffers.get(cap, index_dtype(n))
     c = int(_fused_pass(e, g, nk._ceil_to_dtype(t, e.dtype), cand))
+    return cand[:c] if c <= cap else None
+
+
+def select_ge(x: np.ndarray, t, cap: int, idt):
+    """Ascending indices with ``|x| >= t`` (``t`` of x's dtype) found by the compiled read-only pass, or None
+    (not enabled, or more than ``cap`` of them). The result is a view of a reused buffer: copy it to keep it."""
+    if not enabled() or x.ndim != 1 or x.dtype not in (np.float32, np.float64) or not x.flags.c_contiguous:
+        return None
+    cand = _buffers.get(cap, idt)
+    c = int(_select_pass(x, t, cand))
     return cand[:c] if c <= cap else None
 
 

@@ -208,6 +208,14 @@ def _select_ge(x: np.ndarray, t, fbuf: np.ndarray, idt) -> np.ndarray:
     return np.concatenate(parts).astype(idt, copy=False)
 
 
+def _fast_select_ge(x: np.ndarray, t, cap: int, idt):
+    """The compiled candidate pass (:func:`mpisparse.backend.fused.select_ge`: one read of ``x``) when numba
+    is enabled, else None (then :func:`_select_ge`, the same indices, runs)."""
+    from . import fused  # imported here: fused builds on this module
+
+    return fused.select_ge(x, t, cap, idt)
+
+
 def _full_topk(x: np.ndarray, k: int, scratch, idt) -> np.ndarray:
     n = x.shape[0]
     if scratch is not None and scratch.size >= n:
@@ -271,11 +279,13 @@ def topk_abs(x, k, *, scratch=None, rng=None) -> np.ndarray:
         t = kth_largest(samp, r)  # r-th largest sampled |x|
         if not t > 0:  # 0 (mostly-zero input: everything is a candidate) or NaN
             break
-        cand = _select_ge(x, t, fbuf, idt)
+        cand = _fast_select_ge(x, t, 4 * k + 1024, idt)
+        if cand is None:
+            cand = _select_ge(x, t, fbuf, idt)
         c = cand.shape[0]
         if c >= k:
             if c == k:
-                return cand.astype(idt, copy=False)
+                return cand.astype(idt, copy=True)  # the fast pass's result is a reused buffer
             vals = x[cand]
             np.abs(vals, out=vals)
             sel = np.argpartition(vals, c - k)[c - k :]
