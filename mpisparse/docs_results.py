@@ -199,6 +199,7 @@ def _bench_select_render(res: dict[str, Any], quick: bool) -> str:
         "np_argpartition": "`np.argpartition(np.abs(x), n - k)`",
         "topk_abs": "`topk_abs` (exact top-k)",
         "topk_abs_noscratch": "`topk_abs` without a reused scratch buffer",
+        "topk_abs_numpy": "`topk_abs`, NumPy candidate pass (`MPISPARSE_FUSED=0`)",
         "abs_pass": "`np.abs(x)`: one pass over the data (allocating)",
         "abs_pass_out": "`np.abs(x, out=buf)`: one pass over the data",
         "threshold_select": "`threshold_select` at the k-th largest magnitude",

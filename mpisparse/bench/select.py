@@ -25,6 +25,19 @@ from mpisparse.backend import numpy_kernels as nk
 __all__ = ["run_select_bench", "format_select_bench"]
 
 
+def _plain(fn):
+    """``fn()`` with the compiled passes switched off (``MPISPARSE_FUSED=0``) for its duration."""
+    old = os.environ.get("MPISPARSE_FUSED")
+    os.environ["MPISPARSE_FUSED"] = "0"
+    try:
+        return fn()
+    finally:
+        if old is None:
+            del os.environ["MPISPARSE_FUSED"]
+        else:
+            os.environ["MPISPARSE_FUSED"] = old
+
+
 def _time(fn: Callable[[], object], repeats: int) -> dict:
     fn()  # warm-up: page-in, allocator, lazy init
     ts = []
@@ -64,13 +77,17 @@ def run_select_bench(
     - ``np_argpartition``: ``np.argpartition(np.abs(x), n - k)[n - k:]``
     - ``topk_abs``: ours, with a reused scratch buffer
     - ``topk_abs_noscratch``: ours, allocating per call
+    - ``topk_abs_numpy``: ours with the compiled candidate pass switched off
+      (``MPISPARSE_FUSED=0``: the NumPy chunked pass; the same as ``topk_abs``
+      where numba is not installed)
     - ``abs_pass``: ``np.abs(x)`` (fresh allocation: one pass over the data)
     - ``abs_pass_out``: ``np.abs(x, out=buf)`` (reused buffer)
     - ``threshold_select``: ours, at the exact k-th largest ``|x|``
     - ``estimate_threshold``: ours, default 1 % sample
 
     Ratios: ``torch_topk / topk_abs`` (speed-up, >1 is better),
-    ``np_argpartition / topk_abs``, ``threshold_select / abs_pass`` and
+    ``np_argpartition / topk_abs``, ``topk_abs / abs_pass_out`` (the exact
+    top-k in passes over the data), ``threshold_select / abs_pass`` and
     ``threshold_select / abs_pass_out`` (cost in passes, <2 is the target).
     """
     import torch  # lazy: the package imports without torch
@@ -97,6 +114,7 @@ def run_select_bench(
             "np_argpartition": _time(lambda: np.argpartition(np.abs(x), n - k)[n - k :], repeats),
             "topk_abs": _time(lambda: nk.topk_abs(x, k, scratch=scratch, rng=rng), repeats),
             "topk_abs_noscratch": _time(lambda: nk.topk_abs(x, k, rng=rng), repeats),
+            "topk_abs_numpy": _time(lambda: _plain(lambda: nk.topk_abs(x, k, scratch=scratch, rng=rng)), repeats),
             "abs_pass": _time(lambda: np.abs(x), repeats),
             "abs_pass_out": _time(lambda: np.abs(x, out=out_buf), repeats),
             "threshold_select": _time(lambda: nk.threshold_select(x, kth, scratch=scratch), repeats),
@@ -119,6 +137,7 @@ def run_select_bench(
     ratios = {
         "torch_topk/topk_abs": ratio("torch_topk", "topk_abs"),
         "np_argpartition/topk_abs": ratio("np_argpartition", "topk_abs"),
+        "topk_abs/abs_pass_out": ratio("topk_abs", "abs_pass_out"),
         "threshold_select/abs_pass": ratio("threshold_select", "abs_pass"),
         "threshold_select/abs_pass_out": ratio("threshold_select", "abs_pass_out"),
     }
