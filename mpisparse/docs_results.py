@@ -1314,8 +1314,9 @@ def claims_summary(results_dir: str | os.PathLike) -> str | None:
     table = md_table(["target", "size", "hold", "do not", "within noise", "not comparable", "measured in"], rows,
                      right=(2, 3, 4, 5))
     return (table + "\n\n" + f"{totals['yes']} hold, {totals['no']} do not, {totals['noise']} within noise, "
-            f"{totals['n/a']} not comparable. Every `no` carries a note naming its cause (the paper's setting "
-            "that differs here, or a claim that does not carry over); the notes are in the linked files.")
+            f"{totals['n/a']} not comparable. `reproduce` prints each `no` with its cause in the claim's note (the "
+            "paper's setting that differs here, or a claim that does not carry over); each linked file shows "
+            "the notes of the commit that generated it.")
 
 
 # --------------------------------------------------------------------------- command line

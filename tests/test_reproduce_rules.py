@@ -1,9 +1,12 @@
 """Each reproduce target's "holds" rules, run on RECORDED measurements (no MPI, no runs).
 
-``tests/data/reproduce/NAME-SIZE.json`` holds what a target measured (the
+``tests/data/reproduce/NAME@SIZE-SOURCE.json`` holds what a target measured (the
 ``data`` of its report: the same dict ``Target.run`` hands to
 ``Target.claims``), where it came from, and the verdicts that were printed
-for it.  Feeding the recorded numbers through the current rules must give
+for it: ``@quick-transcribed`` copies the numbers of the committed
+``docs/results/reproduce-NAME.md`` tables generated before this test existed,
+the others are the report JSON that ``bin/docs-results --keep-json`` kept
+(the per-step series left out).  Feeding the recorded numbers through the current rules must give
 the same verdicts, so a rule cannot change unnoticed; and no claim that does
 not hold may be printed without a note that says why.
 """
@@ -28,7 +31,7 @@ def _load(path: Path) -> dict:
 
 
 def _target(path: Path) -> str:
-    return path.stem.rsplit("-", 1)[0]
+    return path.stem.split("@", 1)[0]
 
 
 def _claims(name: str, fixture: dict) -> list[Claim]:
@@ -58,7 +61,7 @@ def test_every_claim_states_its_rule_and_every_no_its_cause(path):
 
 
 def _quick(name: str) -> dict:
-    return _load(DATA / f"{name}-quick.json")
+    return _load(DATA / f"{name}@quick-transcribed.json")
 
 
 def _by_source(claims, source):
@@ -131,6 +134,16 @@ def test_a_result_that_fails_a_rule_prints_no_with_its_cause(name, edit, index):
     assert c.verdict == "no", (c.source, c.measured)
     assert not unexplained(claims)
     assert "Not so here" in c.note or "not carry over" in c.note or "setting difference" in c.note, c.note
+
+
+def test_fig3_in_the_papers_model():
+    """ScaleCom Fig. 3 measured in ResNet-18's first epoch: recorded, and the MLP's note points to it."""
+    [path] = [p for p in FIXTURES if p.stem.startswith("scalecom-similarity@quick-") and "transcribed" not in p.stem]
+    claims = _claims("scalecom-similarity", _load(path))
+    mlp, resnet = claims[-2], claims[-1]
+    assert mlp.source == "Fig. 3" and resnet.source.startswith("Fig. 3 (ResNet-18")
+    assert resnet.verdict == "yes" and "first epoch" in resnet.note
+    assert mlp.verdict == "no" and "with ResNet-18 on digits (epoch 0, next claim) d/k measured" in mlp.note
 
 
 def test_dct_fig2_note_reports_the_measured_drift():

@@ -176,16 +176,20 @@ def _fig2_note(r: dict[str, Any]) -> str:
              "Criteo (6 days of click logs); here the largest layer of an MLP on digits (1,438 training images, "
              "seen again every epoch)")
     trend = r.get("tau_trend")
-    if trend is not None and trend == trend:  # not NaN
-        note += (f", whose threshold in the last quarter of the run is {100 * trend:.0f}% of the first quarter's"
-                 if abs(trend - 1) > PAPER_MAX_DEVIATION else
-                 f", whose threshold keeps its level (last quarter {100 * trend:.0f}% of the first) but varies "
-                 "from step to step")
-    note += (f". Mini-batches of digits make tau vary step to step (median deviation "
-             f"{100 * r['dev_median']:.0f}%, the figure to set beside the paper's typical spread), and as the MLP "
-             "fits digits its gradients shrink, so tau drifts below a running mean that remembers the early steps "
-             "(a longer run makes the maximum larger, not smaller)")
-    return note
+    if trend is None or trend != trend:  # not recorded (older results) or NaN
+        return note + (f". Mini-batches of digits make tau vary from step to step (median deviation "
+                       f"{100 * r['dev_median']:.0f}%), and as the MLP fits digits its gradients shrink, so tau "
+                       "drifts below a running mean that remembers the early steps")
+    if trend < 1 - PAPER_MAX_DEVIATION:
+        return note + (f". The MLP fits digits (training loss near 0), so its gradients shrink: tau in the last "
+                       f"quarter of the run is {100 * trend:.2g}% of the first quarter's and lies far below a "
+                       f"running mean that remembers the early steps (median deviation {100 * r['dev_median']:.0f}%); "
+                       "a longer run deviates more, not less")
+    if trend > 1 + PAPER_MAX_DEVIATION:
+        return note + (f". Tau rises through the run (last quarter {100 * trend:.3g}% of the first): a short run "
+                       "from initialisation, where the gradients grow before they settle")
+    return note + (f". Tau keeps its level (last quarter {100 * trend:.3g}% of the first) but varies from step "
+                   f"to step with the mini-batches of digits (median deviation {100 * r['dev_median']:.0f}%)")
 
 
 @register("dct-threshold", paper=DCT, sources="Fig. 2; Fig. 8a", schemes=("dct",), modules=TRAINING,
@@ -215,7 +219,7 @@ class DctThreshold(Target):
             jobs[L] = res if isinstance(res, list) else [res]
         trows, lrows = threshold_rows(trained), lifespan_rows(jobs)
         pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
-        tcols = [Column("sparsity", "sparsity", pct), Column("steps", "steps"),
+        tcols = [Column("sparsity", "sparsity", lambda v: f"{100 * v:.3g}%"), Column("steps", "steps"),
                  Column("tau_mean", "tau mean", "{:.4g}"),
                  Column("tau_min", "tau min", "{:.4g}"), Column("tau_max", "tau max", "{:.4g}"),
                  Column("dev_max", "max dev", pct), Column("dev_max_late", "max dev (last 3/4)", pct),
