@@ -146,6 +146,16 @@ def test_fig3_in_the_papers_model():
     assert mlp.verdict == "no" and "with ResNet-18 on digits (epoch 0, next claim) d/k measured" in mlp.note
 
 
+def test_deft_speedup_tells_a_disturbed_timing_from_a_split_that_did_not_shrink():
+    fx = _quick("deft-speedup")
+    fx["data"]["rows"][4]["speedup_measured"] = 3.0  # W=16 below W=8's 3.68x, though W / imbalance grew
+    c = _claims("deft-speedup", fx)[0]
+    assert c.verdict == "no" and "W=8 -> 16" in c.note and "timing was disturbed" in c.note
+    fx["data"]["rows"][4]["imbalance"] = 3.0  # 16 / 3 = 5.33x < 8 / 1.21 = 6.61x: the split did not shrink
+    c = _claims("deft-speedup", fx)[0]
+    assert "did not shrink" in c.note and "disturbed" not in c.note
+
+
 def test_dct_fig2_note_reports_the_measured_drift():
     fx = _quick("dct-threshold")
     fx["data"]["threshold"][1]["tau_trend"] = 0.05  # the threshold fell to 5% of its early level
