@@ -33,6 +33,17 @@ OWNED_ELSEWHERE = {"docs/architecture.md"}
 #: exact line fragment in one file, so any new occurrence fails. Empty this once they are rewritten.
 PENDING_CITATIONS: set[tuple[str, str]] = set()
 
+#: committed reproduce tables generated before every "no" carried its cause, and not regenerated since because
+#: their claims are timings (they need a quiet machine): (file, claim source). Each entry excuses one claim row,
+#: so a new unexplained "no" fails. Empty this when they are regenerated.
+PENDING_NOTES: set[tuple[str, str]] = {
+    ("reproduce-dct-threshold.md", "Fig. 8a"),
+    ("reproduce-deft-speedup.md", "Sec. 5.4, eq. 9"),
+    ("reproduce-deft-speedup.md", "Sec. 5.4 (bound)"),
+    ("reproduce-dgs-speedup.md", "slides: CIFAR-10 table"),
+    ("reproduce-dct-threshold.md", "Fig. 2"),
+}
+
 
 def _committed(name: str) -> str:
     path = RESULTS / f"{name}.md"
@@ -86,6 +97,38 @@ def test_the_readme_headline_is_the_generated_one():
     expected = dr.headline(RESULTS)
     assert expected is not None, "docs/results/train-digits.md is missing"
     assert block == expected.strip(), "README headline differs from docs/results: run bin/docs-results"
+
+
+def test_the_readme_claims_summary_is_the_generated_one():
+    text = (ROOT / "README.md").read_text()
+    assert dr.CLAIMS_BEGIN in text and dr.CLAIMS_END in text
+    block = text.split(dr.CLAIMS_BEGIN, 1)[1].split(dr.CLAIMS_END, 1)[0].strip()
+    expected = dr.claims_summary(RESULTS)
+    assert expected is not None, "docs/results/reproduce-*.md are missing"
+    assert block == expected.strip(), "README claims summary differs from docs/results: run bin/docs-results"
+    for name in dr.REPRODUCE_TARGETS:
+        assert f"(docs/results/reproduce-{name}.md)" in block
+
+
+def test_claim_counts_read_the_holds_column():
+    text = ("# t\n\n### Claims against measurements\n\n| source | paper's claim | paper | measured | holds |\n"
+            "| --- | --- | --- | --- | --- |\n| a | b | c | d \\| e | yes |\n| a | b | c | d | no |\n"
+            "| a | b | c | d | noise |\n| a | b | c | d | no |\n")
+    assert dr.claim_counts(text) == {"yes": 1, "no": 2, "noise": 1, "n/a": 0}
+    assert dr.claim_counts("# no table here\n") is None
+    for f in sorted(RESULTS.glob("reproduce-*.md")):
+        counts = dr.claim_counts(f.read_text())
+        assert counts is not None and sum(counts.values()) > 0, f.name
+
+
+def test_every_no_in_a_committed_reproduce_table_carries_its_note():
+    """A claim that does not hold shows its note (the cause) in parentheses after the measured value."""
+    for f in sorted(RESULTS.glob("reproduce-*.md")):
+        cols, rows = dr._find_table(f.read_text(), "Claims against measurements")
+        j, m = cols.index("holds"), cols.index("measured")
+        for r in rows:
+            if r[j] == "no" and (f.name, r[0]) not in PENDING_NOTES:
+                assert r[m].rstrip().endswith(")") and "holds" in r[m], f"{f.name}: {r[0]}: no note: {r[m]!r}"
 
 
 def test_cli_reference_lists_every_command():

@@ -286,6 +286,7 @@ def test_reproduce_target_quick(name, tmp_path):
     for c in rep["claims"]:
         assert c["source"] and c["claim"] and c["paper"] and c["measured"]
         assert c["holds"] in (True, False, None)
+        assert c["holds"] is not False or "holds =" in c["note"], f"a 'no' without its cause: {c}"
 
 
 def test_time_verdicts_use_medians_and_a_noise_margin():

@@ -98,6 +98,11 @@ def time_less(a: float | Sequence[float], b: float | Sequence[float], *,
     return ma < mb, False
 
 
+#: the note of a time claim that ``--no-timing`` leaves unjudged
+NOT_TIMED = ("not judged: run with --no-timing (a shared or busy machine), so no time comparison is made; the "
+             "measured times are shown for the record")
+
+
 def time_claim(source: str, claim: str, paper: str, measured: str, a, b, *, note: str = "",
                margin: float = TIME_MARGIN) -> Claim:
     """A :class:`Claim` whose rule is "time ``a`` < time ``b``" with a noise margin (:func:`time_less`)."""
@@ -166,7 +171,7 @@ class Context:
 
     def __init__(self, *, size: str = "quick", out_dir: str | Path, timeout: int = 900,
                  worlds: Sequence[int] | None = None, max_world: int | None = None, emucluster: str = "auto",
-                 stream: bool = False, echo: Callable[[str], None] = print):
+                 stream: bool = False, echo: Callable[[str], None] = print, timing: bool = True):
         if size not in SIZES:
             raise ValueError(f"size is {size!r}; allowed: {', '.join(SIZES)}")
         self.size = size
@@ -177,6 +182,9 @@ class Context:
         self.emucluster = emucluster
         self.stream = stream
         self.echo = echo
+        #: False (``--no-timing``): leave out the runs whose claims are only timings, and judge no time claim
+        #: (a shared or busy machine)
+        self.timing = bool(timing)
         self.commands: list[str] = []
 
     # ------------------------------------------------------------ parameters
@@ -276,6 +284,15 @@ class Target:
     def run(self, ctx: Context) -> Report:
         raise NotImplementedError
 
+    def claims(self, data: dict[str, Any], network: str = "") -> list[Claim]:
+        """The claim rows from a report's ``data`` (what :meth:`run` measured) and its network description.
+
+        A pure function of recorded numbers: :meth:`run` calls it on what it
+        just measured, and the tests call it on saved reports
+        (``tests/data/reproduce/``), so a rule cannot change unnoticed.
+        """
+        raise NotImplementedError
+
     def report(self, ctx: Context, **kw: Any) -> Report:
         return Report(target=self.name, title=self.title, seed=self.seed, size=ctx.size, **kw)
 
@@ -367,4 +384,23 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-__all__ += ["claims_summary", "format_report", "write_report_json", "holds_text"]
+__all__ += ["claims_summary", "format_report", "write_report_json", "holds_text", "NOT_TIMED", "unexplained", "untimed",
+            "judge_times"]
+
+
+def untimed(claim: Claim) -> Claim:
+    """``claim`` (a time comparison) left unjudged: ``n/a`` with :data:`NOT_TIMED` in front of its note."""
+    return Claim(claim.source, claim.claim, claim.paper, claim.measured, None,
+                 note=NOT_TIMED + (f"; {claim.note}" if claim.note else ""))
+
+
+def judge_times(claims: Sequence[Claim], data: dict[str, Any], timed: Callable[[Claim], bool]) -> list[Claim]:
+    """``claims`` as they are, or with every time claim (``timed``) unjudged when ``data["timing"]`` is False."""
+    if data.get("timing", True):
+        return list(claims)
+    return [untimed(c) if timed(c) else c for c in claims]
+
+
+def unexplained(claims: Sequence[Claim]) -> list[Claim]:
+    """The claims that do not hold and carry no note saying why (each "no" must explain itself)."""
+    return [c for c in claims if c.holds is False and not c.note.strip()]

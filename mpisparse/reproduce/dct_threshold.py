@@ -68,11 +68,14 @@ def threshold_rows(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         taus = tau_series(r)
         st = deviation_stats(taus)
         late = deviation_stats(taus, skip=len(taus) // 4)
+        q = max(1, len(taus) // 4)
         rows.append({"density": r["density_target"], "sparsity": 1 - r["density_target"], "steps": len(taus),
                      "tau_mean": sum(taus) / len(taus) if taus else float("nan"),
                      "tau_min": min(taus) if taus else float("nan"), "tau_max": max(taus) if taus else float("nan"),
                      "dev_max": st["max"], "dev_p95": st["p95"], "dev_median": st["median"],
                      "dev_max_late": late["max"],
+                     # drift: mean tau of the last quarter of the steps over that of the first quarter
+                     "tau_trend": (sum(taus[-q:]) / sum(taus[:q])) if taus and sum(taus[:q]) > 0 else float("nan"),
                      "test_accuracy": r["metrics"]["final"].get("test_accuracy")})
     return sorted(rows, key=lambda r: r["sparsity"])
 
@@ -99,7 +102,11 @@ def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]]) -
         claims.append(Claim(
             "Fig. 2", "The threshold value increases as the sparsity increases.", "increasing with sparsity",
             "mean tau " + fmt_series(means, [f"{100 * r['sparsity']:g}%" for r in trows], "{:.3g}", prefix=""),
-            all(b > a for a, b in zip(means, means[1:]))))
+            all(b > a for a, b in zip(means, means[1:])),
+            note="holds = mean tau strictly increasing with sparsity"
+                 + ("" if all(b > a for a, b in zip(means, means[1:])) else
+                    ". Not so here: each sparsity is a separate training run, and a run whose gradients shrink "
+                    "faster (it fits digits sooner) has a lower mean threshold whatever its sparsity")))
     r95 = next((r for r in trows if abs(r["density"] - SPARSITY_95) < 1e-12), None)
     if r95 is not None:
         claims.append(Claim(
@@ -108,11 +115,7 @@ def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]]) -
             "<= 26% (DLRM, Criteo, one FC layer)",
             f"max {100 * r95['dev_max']:.0f}% over {r95['steps']} steps (after the first quarter "
             f"{100 * r95['dev_max_late']:.0f}%; median {100 * r95['dev_median']:.0f}%)",
-            r95["dev_max"] <= PAPER_MAX_DEVIATION,
-            note="MLP on digits, a short run from initialisation; other sparsities in the table. A setting "
-                 "difference: the paper follows one FC layer of DLRM on Criteo; here the largest layer of an "
-                 "MLP sees mini-batches of 32 digits, whose gradients vary more from step to step (the median "
-                 "deviation is the number to compare with the paper's typical spread)"))
+            r95["dev_max"] <= PAPER_MAX_DEVIATION, note=_fig2_note(r95)))
     by_l = {r["L"]: r for r in lrows}
     if 1 in by_l:
         r = by_l[1]
@@ -131,21 +134,62 @@ def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]]) -
         claims.append(Claim(
             "Fig. 8a", "Increasing L to 1000 trains 23% faster than the baseline with no compression.",
             "23% faster (L=1000)", f"{100 * (1 / r['ratio'] - 1):+.0f}% speed vs dense at L={L} (density drifts "
-                                   f"to {r['density_actual']:.3f})", r["ratio"] < 1))
+                                   f"to {r['density_actual']:.3f})", r["ratio"] < 1,
+            note="holds = DCT's step time below dense's (any gain; the 23% is the paper's model and network)"
+                 + ("" if r["ratio"] < 1 else
+                    f". Not so here: with tau held for L steps on synthetic gradients the density drifted to "
+                    f"{r['density_actual']:.3f}, {r['density_actual'] / SPARSITY_95:.1f}x the target, so the "
+                    "sparse exchange (indices and values) no longer undercuts the dense one; the paper's real "
+                    "gradients keep their scale from step to step (its Fig. 2)")))
     if 1 in by_l and big:
         a, b = by_l[1], by_l[min(big)]
         claims.append(Claim(
             "Fig. 8a", "A longer life-span L removes the cost of the top-K sort.",
             "L=1 slower than L=1000", f"select {a['select_ms']:.1f} ms (L=1) vs {b['select_ms']:.1f} ms "
                                       f"(L={min(big)})", b["select_ms"] < a["select_ms"],
-            note="the mechanism behind Fig. 8a, not a number in the paper"))
+            note="the mechanism behind Fig. 8a, not a number in the paper; holds = select time lower at the long L"
+                 + ("" if b["select_ms"] < a["select_ms"] else
+                    ". Not so here: the hard-threshold pass between recomputations still reads the whole vector, "
+                    "and with the density drifting up it writes more indices, which can cost as much as the "
+                    "linear-time selection it replaces (no sort here to save)")))
     if 1000 in by_l and 10000 in by_l:
         a, b = by_l[1000], by_l[10000]
         claims.append(Claim(
             "Fig. 8a", "Increasing L from 1000 to 10000 does not provide any additional gain.", "no further gain",
             f"{a['dct_ms']:.1f} ms (L=1000) vs {b['dct_ms']:.1f} ms (L=10000)",
-            abs(b["dct_ms"] / a["dct_ms"] - 1) < 0.1, note="holds = within 10%"))
+            abs(b["dct_ms"] / a["dct_ms"] - 1) < 0.1,
+            note="holds = within 10%"
+                 + ("" if abs(b["dct_ms"] / a["dct_ms"] - 1) < 0.1 else
+                    ". Not so here: on synthetic gradients the density keeps drifting the longer tau is held "
+                    f"({a['density_actual']:.3f} at L=1000, {b['density_actual']:.3f} at L=10000), so the "
+                    "exchange keeps changing; the paper's gradients do not drift (Fig. 2)")))
     return claims
+
+
+def _fig2_note(r: dict[str, Any]) -> str:
+    """Fig. 2's rule and, where the deviation exceeds the paper's 26%, what was measured to cause it."""
+    note = (f"holds = max deviation <= {PAPER_MAX_DEVIATION:.0%}; deviation_t = |tau_t - m_t| / m_t, m_t the "
+            "running mean of tau over steps 0..t")
+    if r["dev_max"] <= PAPER_MAX_DEVIATION:
+        return note
+    note += (". A setting difference, not the threshold computation: the paper follows one FC layer of DLRM on "
+             "Criteo (6 days of click logs); here the largest layer of an MLP on digits (1,438 training images, "
+             "seen again every epoch)")
+    trend = r.get("tau_trend")
+    if trend is None or trend != trend:  # not recorded (older results) or NaN
+        return note + (f". Mini-batches of digits make tau vary from step to step (median deviation "
+                       f"{100 * r['dev_median']:.0f}%), and as the MLP fits digits its gradients shrink, so tau "
+                       "drifts below a running mean that remembers the early steps")
+    if trend < 1 - PAPER_MAX_DEVIATION:
+        return note + (f". The MLP fits digits (training loss near 0), so its gradients shrink: tau in the last "
+                       f"quarter of the run is {100 * trend:.2g}% of the first quarter's and lies far below a "
+                       f"running mean that remembers the early steps (median deviation {100 * r['dev_median']:.0f}%); "
+                       "a longer run deviates more, not less")
+    if trend > 1 + PAPER_MAX_DEVIATION:
+        return note + (f". Tau rises through the run (last quarter {100 * trend:.3g}% of the first): a short run "
+                       "from initialisation, where the gradients grow before they settle")
+    return note + (f". Tau keeps its level (last quarter {100 * trend:.3g}% of the first) but varies from step "
+                   f"to step with the mini-batches of digits (median deviation {100 * r['dev_median']:.0f}%)")
 
 
 @register("dct-threshold", paper=DCT, sources="Fig. 2; Fig. 8a", schemes=("dct",), modules=TRAINING,
@@ -161,10 +205,12 @@ class DctThreshold(Target):
             trained.append(ctx.run(["train"], ["--model", "mlp", "--data", "digits", "--scheme", "dct", "--lifespan",
                                                "1", "--density", f"{d:g}", "--epochs", str(epochs), "--diagnostics"],
                                    n=w, name=f"train-dct-d{d:g}", rate=rate))
-        lifespans = ctx.pick([1, 10, 100, 1000, 10000], [1, 10, 1000], [1, 1000])
+        # Fig. 8a's claims are timings: --no-timing leaves its runs out
+        lifespans = ctx.pick([1, 10, 100, 1000, 10000], [1, 10, 1000], [1, 1000]) if ctx.timing else []
         model = ctx.pick("resnet50", "resnet18", "ncf")
         iters = ctx.pick(100, 10, 4)
-        brate, bnetwork = ctx.network("1gbit", auto=True)  # Fig. 8a is about time: a network if there is one
+        brate, bnetwork = (ctx.network("1gbit", auto=True)  # Fig. 8a is about time: a network if there is one
+                           if lifespans else (None, "left out (--no-timing)"))
         jobs = {}
         for L in lifespans:
             res = ctx.run(["bench", "step"], ["--model", model, "--scheme", "dense", "--scheme", "dct", "--lifespan",
@@ -173,7 +219,7 @@ class DctThreshold(Target):
             jobs[L] = res if isinstance(res, list) else [res]
         trows, lrows = threshold_rows(trained), lifespan_rows(jobs)
         pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
-        tcols = [Column("sparsity", "sparsity", pct), Column("steps", "steps"),
+        tcols = [Column("sparsity", "sparsity", lambda v: f"{100 * v:.3g}%"), Column("steps", "steps"),
                  Column("tau_mean", "tau mean", "{:.4g}"),
                  Column("tau_min", "tau min", "{:.4g}"), Column("tau_max", "tau max", "{:.4g}"),
                  Column("dev_max", "max dev", pct), Column("dev_max_late", "max dev (last 3/4)", pct),
@@ -185,12 +231,21 @@ class DctThreshold(Target):
                  Column("exchange_ms", "dct exchange ms", ms), Column("density_actual", "dct density", "{:.4f}"),
                  Column("bytes", "dct bytes/rank", "{:,.0f}"), Column("dense_bytes", "dense bytes/rank", "{:,.0f}")]
         details = [(f"Fig. 2: threshold of the largest layer, recomputed every step (L=1), MLP on digits, W={w}, "
-                    f"{epochs} epochs; deviation from the running mean", format_rows(trows, tcols)),
-                   (f"Fig. 8a: {model}-shaped gradients, 95% sparsity, W={w}, {iters} timed steps after 1 warm-up",
-                    format_rows(lrows, lcols))]
-        notes = ["on synthetic gradients every step is a fresh draw: with tau held for L steps the error-feedback "
-                 "residual outgrows it and the density drifts upward (measured above), which costs exchange time"]
-        return self.report(ctx, claims=evaluate(trows, lrows), details=details, commands=list(ctx.commands),
-                           data={"threshold": trows, "lifespan": lrows,
-                                 "taus": {f"{r['density_target']:g}": tau_series(r) for r in trained}},
-                           network=f"Fig. 2 runs: {network}; Fig. 8a runs: {bnetwork}", notes=notes)
+                    f"{epochs} epochs; deviation from the running mean", format_rows(trows, tcols))]
+        notes = []
+        if lrows:
+            details.append((f"Fig. 8a: {model}-shaped gradients, 95% sparsity, W={w}, {iters} timed steps after 1 "
+                            "warm-up", format_rows(lrows, lcols)))
+            notes.append("on synthetic gradients every step is a fresh draw: with tau held for L steps the "
+                         "error-feedback residual outgrows it and the density drifts upward (measured above), which "
+                         "costs exchange time")
+        else:
+            notes.append("Fig. 8a (the life-span L's effect on step time) left out: --no-timing")
+        data = {"threshold": trows, "lifespan": lrows,
+                "taus": {f"{r['density_target']:g}": tau_series(r) for r in trained}}
+        network = f"Fig. 2 runs: {network}; Fig. 8a runs: {bnetwork}"
+        return self.report(ctx, claims=self.claims(data, network), details=details, commands=list(ctx.commands),
+                           data=data, network=network, notes=notes)
+
+    def claims(self, data: dict[str, Any], network: str = "") -> list[Claim]:
+        return evaluate(data.get("threshold", []), data.get("lifespan", []))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..results import Column, format_rows
-from .base import DEFT, Context, Report, Target, median, time_claim
+from .base import DEFT, Context, Report, Target, judge_times, median, time_claim
 from .registry import register
 
 DENSITY = 0.001
@@ -151,5 +151,9 @@ class DeftBreakdown(Target):
                  "(CLT-k's worker idling, DEFT Sec. 3): compare select + exchange_indices, or the step"]
         if ctx.size == "tiny":
             notes.append("tiny size: ResNet-18 shapes instead of LSTM-WT2 (50 M elements)")
-        return self.report(ctx, claims=evaluate(rows), details=details, commands=list(ctx.commands),
-                           data={"rows": rows, "model": model}, network=network, notes=notes)
+        data = {"rows": rows, "model": model, "timing": ctx.timing}
+        return self.report(ctx, claims=self.claims(data, network), details=details, commands=list(ctx.commands),
+                           data=data, network=network, notes=notes)
+
+    def claims(self, data: dict[str, Any], network: str = "") -> list:
+        return judge_times(evaluate(data["rows"]), data, lambda c: True)

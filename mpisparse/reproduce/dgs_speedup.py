@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..results import Column, format_rows
-from .base import DGS, TRAINING, Claim, Context, Report, Target
+from .base import DGS, TRAINING, Claim, Context, Report, Target, judge_times
 from .registry import register
 
 DENSITY = 0.01  # DGS's R: the fraction of each layer a worker pushes
@@ -125,8 +125,8 @@ def evaluate(rows: Sequence[dict[str, Any]], target_loss: float | None, target_a
         "-" if rl is None else (f"{rl:.2f}x: training loss {target_loss:.3f} after {a['ttl']:.2f} s (ASGD) vs "
                                 f"{d['ttl']:.2f} s (DGS), {where}"),
         None if rl is None else rl > 1,
-        note=f"time-to-loss ratio ASGD / DGS; loss = worker 0's, mean of {LOSS_WINDOW} steps; target = the "
-             "lowest loss both reach"))
+        note=f"holds = time-to-loss ratio ASGD / DGS above 1; loss = worker 0's, mean of {LOSS_WINDOW} steps; "
+             "target = the lowest loss both reach" + _time_why_not(rl, where)))
     ra = _ratio(a["tta"], d["tta"])
     claims.append(Claim(
         "slides: Speed up", "DGS achieves higher speedups than ASGD on ImageNet with 10 Gbps and 1 Gbps Ethernet.",
@@ -135,14 +135,45 @@ def evaluate(rows: Sequence[dict[str, Any]], target_loss: float | None, target_a
                                 f"vs {d['tta']:.2f} s DGS); per step {a['step_ms'] / d['step_ms']:.2f}x "
                                 f"({a['step_ms']:.2f} vs {d['step_ms']:.2f} ms), {where}"),
         None if ra is None else ra > 1,
-        note="time-to-accuracy ratio ASGD / DGS, at epoch ends; target = the best accuracy both reach"))
+        note="holds = time-to-accuracy ratio ASGD / DGS above 1, at epoch ends; target = the best accuracy both "
+             "reach" + _time_why_not(ra, where)))
     claims.append(Claim(
         "slides: CIFAR-10 table", "DGS loses less accuracy than ASGD (4 workers: ASGD 90.7%, DGS 92.91%; MSGD "
                                   "93.08%).",
         "DGS above ASGD at every worker count",
         f"ASGD {100 * a['accuracy']:.2f}%, DGS {100 * d['accuracy']:.2f}% after {a['epochs']} epochs",
-        d["accuracy"] >= a["accuracy"]))
+        d["accuracy"] >= a["accuracy"], note=_accuracy_note(a, d)))
     return claims
+
+
+def _time_why_not(ratio: float | None, where: str) -> str:
+    if ratio is None:
+        return "; not comparable: one of the two never reached the target"
+    if ratio > 1:
+        return ""
+    if where == "shared memory":
+        return (". Not so here: a network difference. On shared memory a dense push and pull cost almost "
+                "nothing, so sending 1% saves no time while DGS needs more steps; the slides' claim is for "
+                "1 Gbps Ethernet (the emulated cluster gives such a link)")
+    return (". Not so here: DGS needed more steps to reach the target than its cheaper steps saved; the per-step "
+            "ratio is in the measured column")
+
+
+def _accuracy_note(a: dict[str, Any], d: dict[str, Any]) -> str:
+    """The accuracy rule and, where DGS ends below ASGD, the measured cause."""
+    note = "holds = DGS's final test accuracy >= ASGD's"
+    if d["accuracy"] >= a["accuracy"]:
+        return note
+    note += (". Not so here: a run-length difference. The slides' table is accuracy after full training "
+             f"(CIFAR-10, 1 to 32 workers); this run stops after {a['epochs']} epochs of digits, and DGS pushes "
+             f"{DENSITY:.0%} of each layer per step (the rest waits in the residual)")
+    da, aa = d.get("loss"), a.get("loss")
+    if da is None or aa is None:
+        return note + ", so it is further from convergence"
+    if da > aa:
+        return note + f": it is further from convergence (final training loss {da:.4f}, ASGD's {aa:.4f})"
+    return note + (f"; its training loss ({da:.4f}) is not above ASGD's ({aa:.4f}), so the gap is in "
+                   "generalisation, which a few epochs on 359 test digits measure coarsely")
 
 
 @register("dgs-speedup", paper=DGS, schemes=("asgd", "dgs"), modules=TRAINING,
@@ -175,7 +206,10 @@ class DgsSpeedup(Target):
         if rate is None:
             notes.append("no emulated cluster: the ratios are measured on shared memory, where communication is "
                          "nearly free, so they say little about low bandwidth")
-        return self.report(ctx, claims=evaluate(rows, target_loss, target_acc, network), details=details,
-                           commands=list(ctx.commands),
-                           data={"rows": rows, "target_loss": target_loss, "target_accuracy": target_acc},
-                           network=network, notes=notes)
+        data = {"rows": rows, "target_loss": target_loss, "target_accuracy": target_acc, "timing": ctx.timing}
+        return self.report(ctx, claims=self.claims(data, network), details=details, commands=list(ctx.commands),
+                           data=data, network=network, notes=notes)
+
+    def claims(self, data: dict[str, Any], network: str = "") -> list[Claim]:
+        claims = evaluate(data["rows"], data.get("target_loss"), data.get("target_accuracy"), network)
+        return judge_times(claims, data, lambda c: "table" not in c.source)

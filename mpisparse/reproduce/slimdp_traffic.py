@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..results import Column, format_rows
-from .base import SLIM_DP, Claim, Context, Report, Target, fmt_series
+from .base import SLIM_DP, Claim, Context, Report, Target, fmt_series, judge_times
 from .registry import register
 
 TRAFFIC_TOLERANCE = 0.02  # relative, for (2 alpha - beta)
@@ -73,7 +73,9 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
             "ratio 2 alpha - beta (0.3 at alpha 0.2, beta 0.1)",
             "; ".join(f"push {r['up_ratio']:.4f}, pull {r['down_ratio']:.4f} of Plump-DP's bytes "
                       f"({r['model']}, K={r['K']}, model {r['model_ratio']:.2f})" for r in rows), ok,
-            note=f"holds = push ratio within {TRAFFIC_TOLERANCE:.0%} of 2 alpha - beta"))
+            note=f"holds = push ratio within {TRAFFIC_TOLERANCE:.0%} of 2 alpha - beta"
+                 + ("" if ok else ". Not so here: the byte model counts more than the core values and the explorer's "
+                                  "<key, value> pairs (e.g. the core keys were sent again: the key cache missed)")))
         claims.append(Claim(
             "Table 1", "Slim-DP saves about 55% (GoogLeNet) and 70% (VGG-16) of Plump-DP's communication time at "
                        "K=4 (0.18 vs 0.40 h, 1.18 vs 4.09 h); similar at K=8.",
@@ -81,13 +83,21 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
             "; ".join(f"{100 * r['saving']:.0f}% saved ({r['tcomm_slim_ms']:.1f} vs {r['tcomm_plump_ms']:.1f} ms "
                       f"per step; {r['model']}, K={r['K']})" for r in rows),
             all(r["saving"] > 0 for r in rows),
-            note="T_comm = push + wait + pull of a worker (max over workers); holds = any saving"))
+            note="T_comm = push + wait + pull of a worker (max over workers); holds = any saving"
+                 + ("" if all(r["saving"] > 0 for r in rows) else
+                    ". Not so here: with (2 alpha - beta) of the bytes Slim-DP should wait less; where it does not, "
+                    "the link is not the bottleneck (shared memory, no emulated cluster) and the server's work on "
+                    "the core and explorer sets dominates")))
         claims.append(Claim(
             "Table 2 (Speed_d)", "Slim-DP processes the same number of mini-batches faster than Plump-DP.",
             "1.09x / 1.32x (GoogLeNet / VGG-16, K=4); 1.13x / 1.41x (K=8)",
             fmt_series([r["speed_d"] for r in rows], [f"{r['model']}, K={r['K']}" for r in rows], "{:.2f}x",
                        prefix=""),
-            all(r["speed_d"] > 1 for r in rows)))
+            all(r["speed_d"] > 1 for r in rows),
+            note="holds = Plump-DP's step time over Slim-DP's above 1 (synthetic gradients: no forward/backward)"
+                 + ("" if all(r["speed_d"] > 1 for r in rows) else
+                    ". Not so here: the communication Slim-DP saves (previous claim) is smaller than the time its "
+                    "server spends choosing the core and explorer, as when the link is fast (shared memory)")))
     return claims
 
 
@@ -125,5 +135,9 @@ class SlimdpTraffic(Target):
                     format_rows(rows, cols))]
         notes = ["Table 1 counts hours for 10k mini-batches of ImageNet on K20 GPUs over InfiniBand; here the "
                  "ratios are what compare"]
-        return self.report(ctx, claims=evaluate(rows), details=details, commands=list(ctx.commands),
-                           data={"rows": rows}, network=network, notes=notes)
+        data = {"rows": rows, "timing": ctx.timing}
+        return self.report(ctx, claims=self.claims(data, network), details=details, commands=list(ctx.commands),
+                           data=data, network=network, notes=notes)
+
+    def claims(self, data: dict[str, Any], network: str = "") -> list[Claim]:
+        return judge_times(evaluate(data["rows"]), data, lambda c: c.source.startswith("Table"))

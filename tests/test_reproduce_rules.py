@@ -1,0 +1,180 @@
+"""Each reproduce target's "holds" rules, run on RECORDED measurements (no MPI, no runs).
+
+``tests/data/reproduce/NAME@SIZE-SOURCE.json`` holds what a target measured (the
+``data`` of its report: the same dict ``Target.run`` hands to
+``Target.claims``), where it came from, and the verdicts that were printed
+for it: ``@quick-transcribed`` copies the numbers of the committed
+``docs/results/reproduce-NAME.md`` tables generated before this test existed,
+the others are the report JSON that ``bin/docs-results --keep-json`` kept
+(the per-step series left out).  Feeding the recorded numbers through the current rules must give
+the same verdicts, so a rule cannot change unnoticed; and no claim that does
+not hold may be printed without a note that says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from mpisparse.reproduce import TARGETS
+from mpisparse.reproduce.base import NOT_TIMED, Claim, judge_times, unexplained
+
+DATA = Path(__file__).resolve().parent / "data" / "reproduce"
+FIXTURES = sorted(DATA.glob("*.json"))
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _target(path: Path) -> str:
+    return path.stem.split("@", 1)[0]
+
+
+def _claims(name: str, fixture: dict) -> list[Claim]:
+    return TARGETS[name].claims(copy.deepcopy(fixture["data"]), fixture["network"])
+
+
+def test_every_target_has_a_recorded_result():
+    assert {_target(p) for p in FIXTURES} == set(TARGETS)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_recorded_result_gives_the_recorded_verdicts(path):
+    fx = _load(path)
+    claims = _claims(_target(path), fx)
+    assert [c.verdict for c in claims] == fx["verdicts"], fx["recorded"]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_every_claim_states_its_rule_and_every_no_its_cause(path):
+    claims = _claims(_target(path), _load(path))
+    assert not unexplained(claims)
+    for c in claims:
+        if c.holds is not None or c.within_noise:
+            assert "holds" in c.note, f"{c.source}: the rule is not written next to the claim: {c.note!r}"
+        if c.verdict == "no":
+            assert "holds =" in c.note and len(c.note) > 80, f"{c.source}: {c.note!r}"
+
+
+def _quick(name: str) -> dict:
+    return _load(DATA / f"{name}@quick-transcribed.json")
+
+
+def _by_source(claims, source):
+    return [c for c in claims if c.source.startswith(source)]
+
+
+def test_the_known_nos_name_their_cause():
+    """What each recorded "no" says: the setting that differs, or the claim that does not carry over."""
+    sc = _claims("scalecom-similarity", _quick("scalecom-similarity"))[-1]
+    assert sc.source == "Fig. 3" and sc.verdict == "no"
+    assert "grows with W" in sc.note and "0.50 (W=2), 0.58 (W=4)" in sc.note and "26,122 weights" in sc.note
+    dct = _claims("dct-threshold", _quick("dct-threshold"))
+    fig2 = dct[1]
+    assert fig2.verdict == "no" and "setting difference" in fig2.note and "Criteo" in fig2.note
+    fig8 = dct[2]
+    assert fig8.verdict == "no" and "copy-and-sort" in fig8.note and "linear-time selection" in fig8.note
+    eq9 = _claims("deft-speedup", _quick("deft-speedup"))[1]
+    assert eq9.verdict == "no" and "O(n log k)" in eq9.note and "O(n)" in eq9.note
+    for c in _claims("deft-breakdown", _quick("deft-breakdown")):
+        assert c.verdict == "no" and "W=2" in c.note
+    acc = _claims("dgs-speedup", _quick("dgs-speedup"))[2]
+    assert acc.verdict == "no" and "run-length difference" in acc.note and "0.0926" in acc.note
+
+
+# --------------------------------------------------------------------------- flipped results: each "no" explains
+def _flip_cases():
+    """(target, fixture edit, index of the claim that must turn to "no") for every rule a result can fail."""
+    def sc_base(k, v, i=0):
+        def f(d):
+            d["base"][i][k] = v
+        return f
+
+    def set_(path, v):
+        def f(d):
+            x = d
+            for k in path[:-1]:
+                x = x[k]
+            x[path[-1]] = v
+        return f
+
+    return [
+        ("scalecom-similarity", sc_base("cos_late", 0.5), 0),
+        ("scalecom-similarity", sc_base("cos_late", 0.5, 1), 1),
+        ("scalecom-similarity", set_(["scaled", "cos_late"], 0.05), 2),
+        ("scalecom-similarity", set_(["filtered", "cos_late"], 0.4), 3),
+        ("scalecom-similarity", lambda d: [r.update(hamming_mean=0.9) for r in d["base"]], 4),
+        ("dct-threshold", set_(["threshold", 2, "tau_mean"], 0.001), 0),
+        ("dct-threshold", set_(["lifespan", 2, "ratio"], 1.3), 3),
+        ("dct-threshold", set_(["lifespan", 2, "select_ms"], 500.0), 4),
+        ("deft-buildup", lambda d: [r.update(density_actual=0.01) for r in d["bench"] if r["scheme"] == "topk"], 0),
+        ("deft-buildup", lambda d: [r.update(density_actual=0.01) for r in d["train"] if r["scheme"] == "topk"], 1),
+        ("deft-buildup", lambda d: [r.update(density_actual=0.02) for r in d["bench"] if r["scheme"] == "deft"], 3),
+        ("deft-speedup", set_(["rows", 4, "speedup_measured"], 1.0), 0),
+        ("slimdp-traffic", set_(["rows", 0, "up_ratio"], 0.5), 0),
+        ("slimdp-traffic", set_(["rows", 0, "saving"], -0.1), 1),
+        ("slimdp-traffic", set_(["rows", 0, "speed_d"], 0.9), 2),
+        ("dgs-speedup", set_(["rows", 1, "ttl"], 3.0), 0),
+        ("dgs-speedup", set_(["rows", 1, "tta"], 3.0), 1),
+        ("dgs-speedup", set_(["rows", 1, "loss"], 0.01), 2),
+    ]
+
+
+@pytest.mark.parametrize("name,edit,index", _flip_cases(),
+                         ids=[f"{n}-{i}" for n, _, i in _flip_cases()])
+def test_a_result_that_fails_a_rule_prints_no_with_its_cause(name, edit, index):
+    fx = _quick(name)
+    edit(fx["data"])
+    claims = _claims(name, fx)
+    c = claims[index]
+    assert c.verdict == "no", (c.source, c.measured)
+    assert not unexplained(claims)
+    assert "Not so here" in c.note or "not carry over" in c.note or "setting difference" in c.note, c.note
+
+
+def test_fig3_in_the_papers_model():
+    """ScaleCom Fig. 3 measured in ResNet-18's first epoch: recorded, and the MLP's note points to it."""
+    [path] = [p for p in FIXTURES if p.stem.startswith("scalecom-similarity@quick-") and "transcribed" not in p.stem]
+    claims = _claims("scalecom-similarity", _load(path))
+    mlp, resnet = claims[-2], claims[-1]
+    assert mlp.source == "Fig. 3" and resnet.source.startswith("Fig. 3 (ResNet-18")
+    assert resnet.verdict == "yes" and "first epoch" in resnet.note
+    assert mlp.verdict == "no" and "with ResNet-18 on digits (epoch 0, next claim) d/k measured" in mlp.note
+
+
+def test_deft_speedup_tells_a_disturbed_timing_from_a_split_that_did_not_shrink():
+    fx = _quick("deft-speedup")
+    fx["data"]["rows"][4]["speedup_measured"] = 3.0  # W=16 below W=8's 3.68x, though W / imbalance grew
+    c = _claims("deft-speedup", fx)[0]
+    assert c.verdict == "no" and "W=8 -> 16" in c.note and "timing was disturbed" in c.note
+    fx["data"]["rows"][4]["imbalance"] = 3.0  # 16 / 3 = 5.33x < 8 / 1.21 = 6.61x: the split did not shrink
+    c = _claims("deft-speedup", fx)[0]
+    assert "did not shrink" in c.note and "disturbed" not in c.note
+
+
+def test_dct_fig2_note_reports_the_measured_drift():
+    fx = _quick("dct-threshold")
+    fx["data"]["threshold"][1]["tau_trend"] = 0.05  # the threshold fell to 5% of its early level
+    c = _claims("dct-threshold", fx)[1]
+    assert c.verdict == "no" and "5% of the first quarter's" in c.note
+    fx["data"]["threshold"][1].update(dev_max=0.2)
+    c = _claims("dct-threshold", fx)[1]
+    assert c.verdict == "yes" and "Not so" not in c.note and "setting difference" not in c.note
+
+
+def test_no_timing_leaves_every_time_claim_unjudged():
+    for name, timed in (("deft-breakdown", 3), ("deft-speedup", 3), ("slimdp-traffic", 2), ("dgs-speedup", 2)):
+        fx = _quick(name)
+        fx["data"]["timing"] = False
+        claims = _claims(name, fx)
+        unjudged = [c for c in claims if c.note.startswith(NOT_TIMED)]
+        assert len(unjudged) == timed and all(c.verdict == "n/a" for c in unjudged), name
+    dgs = _quick("dgs-speedup")
+    dgs["data"]["timing"] = False
+    assert [c.verdict for c in _claims("dgs-speedup", dgs)] == ["n/a", "n/a", "no"]  # accuracy is still judged
+    c = Claim("s", "c", "p", "m", False, note="x", within_noise=False)
+    assert judge_times([c], {}, lambda _: True) == [c]  # timing on unless the data says otherwise
