@@ -855,7 +855,7 @@ _table(Table(
            "backward-overlaptrue))."),
     runs=lambda quick: [Run("overlap", ["bench", "overlap", "--model", "cnn" if quick else "resnet18",
                                         "--scheme", "dense", "--scheme", "topk", "--layerwise", "--density", "0.01",
-                                        "--batch", "8" if quick else "16", "--iters", "2" if quick else "5",
+                                        "--batch", "8" if quick else "16", "--iters", "2" if quick else "10",
                                         "--warmup", "1" if quick else "2", "--bucket-cap-mb", "1" if quick else "5"],
                             emucluster=(2 if quick else 4, "1gbit"))],
     render=_overlap_render,

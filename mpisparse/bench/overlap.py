@@ -12,8 +12,10 @@ one run:
 * ``overlap``: buckets exchanged from gradient hooks while backward runs
   (``overlap=True``, :mod:`mpisparse.torch_overlap`).
 
-A step is timed from a barrier to the end of ``step()``; each rank's median
-over the timed steps, the slowest rank's reported. ``hidden`` is the share
+The three ways take turns step by step (a change of the machine's load
+falls on all three alike). A step is timed from a barrier to the end of
+``step()``; each rank's median over the timed steps, the slowest rank's
+reported. ``hidden`` is the share
 of the exchange's cost that overlapping removed:
 ``(plain - overlap) / (plain - compute)``.
 """
@@ -29,9 +31,9 @@ OVERLAP_MODELS = ("mlp", "cnn", "resnet18")
 INPUT_SHAPE = (3, 32, 32)
 
 
-def time_steps(comm, model: str, *, scheme: str | None, density: float, options: dict[str, Any],
-               overlap: bool, batch: int, iters: int, warmup: int, bucket_cap_mb: float, seed: int) -> dict[str, Any]:
-    """Median step time of this rank (``scheme`` None: no exchange) and the optimizer's facts."""
+def _way(comm, model: str, *, scheme: str | None, density: float, options: dict[str, Any], overlap: bool,
+         batch: int, bucket_cap_mb: float, seed: int):
+    """A net, this rank's batch and its optimizer (``scheme`` None: the local optimizer, no exchange)."""
     import torch
 
     from ..models.nets import build_model
@@ -47,43 +49,50 @@ def time_steps(comm, model: str, *, scheme: str | None, density: float, options:
         opt = DistributedOptimizer(opt, named_parameters=net.named_parameters(), comm=comm, scheme=scheme,
                                    density=density, overlap=overlap, bucket_cap_mb=bucket_cap_mb, seed=seed,
                                    **options)
-    times = []
+    return net, x, y, opt
+
+
+def time_ways(comm, model: str, *, scheme: str, density: float, options: dict[str, Any], batch: int, iters: int,
+              warmup: int, bucket_cap_mb: float, seed: int) -> dict[str, Any]:
+    """This rank's median step time of each way (``compute``, ``plain``, ``overlap``), the ways taking turns
+    step by step so that a change of the machine's load falls on all three alike."""
+    import torch
+
+    ways = {name: _way(comm, model, scheme=s, density=density, options=options, overlap=name == "overlap",
+                       batch=batch, bucket_cap_mb=bucket_cap_mb, seed=seed)
+            for name, s in (("compute", None), ("plain", scheme), ("overlap", scheme))}
+    times: dict[str, list[float]] = {name: [] for name in ways}
     for it in range(warmup + iters):
-        comm.barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
-        if it >= warmup:
-            times.append(time.perf_counter() - t0)
-    facts: dict[str, Any] = {"median_s": statistics.median(times)}
-    if scheme is not None and overlap:
-        facts["buckets"] = len(opt.overlap.buckets)
-        facts["started_in_backward"] = opt.overlap.started_in_backward
-        opt.overlap.close()
+        for name, (net, x, y, opt) in ways.items():
+            comm.barrier()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            if it >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    over = ways["overlap"][3].overlap
+    facts = {name: statistics.median(t) for name, t in times.items()}
+    facts.update(buckets=len(over.buckets), started_in_backward=over.started_in_backward)
+    over.close()
     return facts
 
 
 def run_overlap(comm, *, model: str, schemes: list[tuple[str, dict[str, Any]]], density: float, batch: int,
                 iters: int, warmup: int, bucket_cap_mb: float, seed: int, progress=None) -> dict[str, Any]:
-    """Every scheme with and without overlap (and the no-exchange floor once); the same on every rank."""
-    kw = dict(density=density, batch=batch, iters=iters, warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed)
-
-    def slowest(facts: dict[str, Any]) -> float:
-        return max(comm.allgather_obj(facts["median_s"]))
-
-    compute = slowest(time_steps(comm, model, scheme=None, options={}, overlap=False, **kw))
+    """Every scheme's three ways; the same on every rank (the slowest rank's medians)."""
     rows = []
     for name, opts in schemes:
-        plain = slowest(time_steps(comm, model, scheme=name, options=opts, overlap=False, **kw))
-        over_facts = time_steps(comm, model, scheme=name, options=opts, overlap=True, **kw)
-        over = slowest(over_facts)
+        facts = time_ways(comm, model, scheme=name, density=density, options=opts, batch=batch, iters=iters,
+                          warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed)
+        everyone = comm.allgather_obj(facts)
+        compute, plain, over = (max(f[w] for f in everyone) for w in ("compute", "plain", "overlap"))
         exchange = plain - compute
         rows.append({"scheme": name, "options": opts, "compute_ms": compute * 1e3, "plain_ms": plain * 1e3,
                      "overlap_ms": over * 1e3, "speedup": plain / over if over > 0 else None,
                      "hidden": (plain - over) / exchange if exchange > 0 else None,
-                     "buckets": over_facts["buckets"],
-                     "started_in_backward_per_step": over_facts["started_in_backward"] / (warmup + iters)})
+                     "buckets": facts["buckets"],
+                     "started_in_backward_per_step": facts["started_in_backward"] / (warmup + iters)})
         if progress is not None:
             progress(name)
     return {"command": "bench overlap", "model": model, "density": density, "batch": batch, "iters": iters,
