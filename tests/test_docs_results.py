@@ -33,18 +33,6 @@ OWNED_ELSEWHERE = {"docs/architecture.md"}
 #: exact line fragment in one file, so any new occurrence fails. Empty this once they are rewritten.
 PENDING_CITATIONS: set[tuple[str, str]] = set()
 
-#: committed reproduce tables generated before every "no" carried its cause, and not regenerated since because
-#: their claims are timings (they need a quiet machine): (file, claim source). Each entry excuses one claim row,
-#: so a new unexplained "no" fails. Empty this when they are regenerated.
-PENDING_NOTES: set[tuple[str, str]] = {
-    ("reproduce-dct-threshold.md", "Fig. 8a"),
-    ("reproduce-deft-speedup.md", "Sec. 5.4, eq. 9"),
-    ("reproduce-deft-speedup.md", "Sec. 5.4 (bound)"),
-    ("reproduce-dgs-speedup.md", "slides: CIFAR-10 table"),
-    ("reproduce-dct-threshold.md", "Fig. 2"),
-}
-
-
 def _committed(name: str) -> str:
     path = RESULTS / f"{name}.md"
     if not path.exists():
@@ -127,7 +115,7 @@ def test_every_no_in_a_committed_reproduce_table_carries_its_note():
         cols, rows = dr._find_table(f.read_text(), "Claims against measurements")
         j, m = cols.index("holds"), cols.index("measured")
         for r in rows:
-            if r[j] == "no" and (f.name, r[0]) not in PENDING_NOTES:
+            if r[j] == "no":
                 assert r[m].rstrip().endswith(")") and "holds" in r[m], f"{f.name}: {r[0]}: no note: {r[m]!r}"
 
 
