@@ -941,6 +941,26 @@ for _t in REPRODUCE_FULL:
         env=lambda quick: {"MPISPARSE_QUICK": "1"} if quick else {},
     ))
 
+#: timing targets recorded at a larger size than --quick (their full W does not fit this machine's memory and
+#: cores): target -> ``--worlds``; run on the emulated cluster (``--emucluster auto``)
+REPRODUCE_LARGE = {"deft-breakdown": "8"}
+
+for _t, _w in REPRODUCE_LARGE.items():
+    _table(Table(
+        name=f"reproduce-w{_w}-{_t}",
+        title=f"Reproducing a paper's claim at W={_w}: `reproduce {_t} --worlds {_w}`",
+        about=("One timing `mpisparse reproduce` target at its full-size model and step count with "
+               f"`--worlds {_w}` (the paper's W does not fit this machine), on the emulated cluster: each "
+               "claim beside the measured value, with its rule and, for a `no`, its cause. The `--quick` form "
+               f"is in [reproduce-{_t}.md](reproduce-{_t}.md)."),
+        runs=(lambda t, w: lambda quick: [Run(t, ["reproduce", t, "--worlds", "2" if quick else w]
+                                              + (["--quick"] if quick else []),
+                                              out_options={"--out": "runs"})])(_t, _w),
+        render=_reproduce_render(_t),
+        unavailable=_emucluster_unavailable,
+        env=lambda quick: {"MPISPARSE_QUICK": "1"} if quick else {},
+    ))
+
 
 # --------------------------------------------------------------------------- provenance
 def _run_text(argv: Sequence[str], **kw: Any) -> str:
@@ -1334,7 +1354,10 @@ def claims_summary(results_dir: str | os.PathLike) -> str | None:
     rows = []
     totals = dict.fromkeys(VERDICTS, 0)
     for name in REPRODUCE_TARGETS:
-        for form, stem in (("quick", f"reproduce-{name}"), ("full, --no-timing", f"reproduce-full-{name}")):
+        forms = [("quick", f"reproduce-{name}"), ("full, --no-timing", f"reproduce-full-{name}")]
+        if name in REPRODUCE_LARGE:
+            forms.append((f"full model, W={REPRODUCE_LARGE[name]}", f"reproduce-w{REPRODUCE_LARGE[name]}-{name}"))
+        for form, stem in forms:
             f = rd / f"{stem}.md"
             if not f.exists():
                 continue
