@@ -151,18 +151,23 @@ def test_sweep_job(cluster, tmp_path):
 def test_train_job_checkpoints_requeues_and_resumes(cluster, tmp_path, launcher):
     """USR1 to the batch shell mid-run -> checkpoint, scontrol requeue -> the requeued job resumes to the end."""
     opts = launcher_options(cluster, launcher)
-    ck, out = tmp_path / "ck", tmp_path / "train.json"
-    epochs = 6
+    ck, out, steps = tmp_path / "ck", tmp_path / "train.json", tmp_path / "steps.csv"
+    epochs = 2
+    # batch size 1: epochs of a second or more (719 steps), so the signal lands well inside training
+    # (signalled after the last step, the ranks would die of USR1 and the job fail)
     script = render(tmp_path, "train", *opts, "--checkpoint-dir", str(ck), "--args",
-                    f"--model mlp --data digits --scheme topk --epochs {epochs} --batch-size 16 "
-                    f"--json {shlex.quote(str(out))}")
+                    f"--model mlp --data digits --scheme topk --epochs {epochs} --batch-size 1 --lr 0.01 --clip 1 "
+                    f"--csv {shlex.quote(str(steps))} --json {shlex.quote(str(out))}")
     job_id = cluster.sbatch(script, job_env(cluster, opts))
-    # the first checkpoint (end of epoch 1) says training runs on both ranks
+    # rows in the per-step log (flushed per step): both ranks are training
     info = cluster.wait(job_id, JOB_TIMEOUT,
-                        until=lambda i: (ck / "LATEST").exists() or i.get("JobState") in slurm_real.ENDED)
-    assert info.get("JobState") == "RUNNING", f"the job was not running at its first checkpoint: {info}"
-    first = (ck / "LATEST").read_text()
+                        until=lambda i: csv_rows(steps) >= 10 or i.get("JobState") in slurm_real.ENDED)
+    assert info.get("JobState") == "RUNNING", f"the job was not running at its 10th step: {info}"
     cluster.run("scancel", "--signal=USR1", "--batch", job_id)  # the time-limit warning, now
+    # requeued: the checkpoint the signal wrote is there before the job may start again (cred_expire)
+    info = cluster.wait(job_id, JOB_TIMEOUT,
+                        until=lambda i: i.get("Restarts") == "1" or i.get("JobState") in slurm_real.ENDED)
+    stopped = (ck / "LATEST").read_text().strip() if (ck / "LATEST").exists() else "(none)"
     info, log = finished(cluster, job_id, tmp_path, "train")
     assert info["Restarts"] == "1", info
     assert "SIGUSR1: the time limit is 120 s away; sending USR1 to the job step" in log
@@ -170,7 +175,17 @@ def test_train_job_checkpoints_requeues_and_resumes(cluster, tmp_path, launcher)
     assert f"requeueing job {job_id}" in log
     assert f"resuming from the checkpoint in {ck}" in log
     assert "restart 0" in log and "restart 1" in log  # the script's first line, per run
-    assert (ck / "LATEST").read_text() != first
+    final = (ck / "LATEST").read_text().strip()
+    assert stopped.startswith("step-") and int(stopped[5:]) < int(final[5:]), (stopped, final)  # mid-run
+    assert csv_rows(steps) == int(final[5:]), (csv_rows(steps), final)  # every step once, across both runs
     res = json.loads(out.read_text())
     assert res["world_size"] == 2 and res["config"]["resume"] is True, {k: v for k, v in res.items() if k != "metrics"}
     assert [r["epoch"] for r in res["metrics"]["per_epoch"]] == list(range(1, epochs + 1))
+
+
+def csv_rows(path: Path) -> int:
+    """Data rows of a ``--csv`` step log (0 while it does not exist)."""
+    try:
+        return max(0, len(path.read_text().splitlines()) - 1)
+    except OSError:
+        return 0
