@@ -232,6 +232,7 @@ def start(base: Path, timeout: float = 60) -> Cluster:
     cluster = Cluster(base, host, cpus, env)
     sock = base / "munge.socket"
     try:
+        # --force: munged otherwise refuses a socket in a directory that is not open to all (ours is 0700)
         cluster.procs["munged"] = subprocess.Popen(
             [which("munged"), "--foreground", "--force", f"--socket={sock}", f"--key-file={key}",
              f"--pid-file={base / 'munged.pid'}", f"--log-file={base / 'munged.log'}",

@@ -11,7 +11,8 @@ Hydra starts its proxy with ``srun``) and ``srun --mpi=TYPE`` with the PMI
 the MPI library speaks (pmi2 for MPICH, pmix for Open MPI).
 
 Skipped, with the reason, without root, Linux or the SLURM/munge programs
-(``apt-get install slurmctld slurmd slurm-client munge``; .ci/run does it).
+(``apt-get install slurmctld slurmd slurm-client munge``, and ``libpmix-dev`` for
+``srun --mpi=pmix``; .ci/run does it); docs/cluster.md says more.
 Run just these: ``python -m pytest -q -m slurm``.
 """
 
@@ -34,7 +35,7 @@ from mpisparse.launch import launcher_flavor, mpi_flavor
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
-#: bound on one job from submission to its end (they take 10-40 s here)
+#: bound on one job from submission to its end (seconds to a minute here on an idle machine)
 JOB_TIMEOUT = int(os.environ.get("MPISPARSE_TEST_SLURM_TIMEOUT", "240"))
 #: the PMI srun must speak to each MPI library (MPICH's simple PMI client: pmi2; Open MPI 5: PMIx only)
 SRUN_MPI = {"mpich": "pmi2", "openmpi": "pmix"}
