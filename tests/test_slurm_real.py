@@ -35,8 +35,9 @@ from mpisparse.launch import launcher_flavor, mpi_flavor
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
-#: bound on one job from submission to its end (seconds to a minute here on an idle machine)
-JOB_TIMEOUT = int(os.environ.get("MPISPARSE_TEST_SLURM_TIMEOUT", "240"))
+#: bound on one job from submission to its end (seconds to a minute here on an idle machine, up to three
+#: minutes for a resumed train job on a loaded one)
+JOB_TIMEOUT = int(os.environ.get("MPISPARSE_TEST_SLURM_TIMEOUT", "360"))
 #: the PMI srun must speak to each MPI library (MPICH's simple PMI client: pmi2; Open MPI 5: PMIx only)
 SRUN_MPI = {"mpich": "pmi2", "openmpi": "pmix"}
 
@@ -119,6 +120,7 @@ def finished(cluster, job_id: str, tmp_path: Path, name: str) -> tuple[dict, str
     return info, log
 
 
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
 @pytest.mark.parametrize("launcher", ["mpirun", "srun"])
 def test_bench_job(cluster, tmp_path, launcher):
     opts = launcher_options(cluster, launcher)
@@ -133,6 +135,7 @@ def test_bench_job(cluster, tmp_path, launcher):
     assert f"result: {res / 'bench-W2.json'}" in log
 
 
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
 def test_sweep_job(cluster, tmp_path):
     opts = launcher_options(cluster, "srun")
     res = tmp_path / "res"
