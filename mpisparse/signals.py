@@ -206,6 +206,17 @@ def install_early_usr1() -> None:
         pass
 
 
+def ignore_late_usr1() -> None:
+    """After training: a SIGUSR1 now (SLURM's time-limit warning arriving after the last step) has nothing to
+    checkpoint.  Ignore it for the rest of the process: Python's teardown resets the handlers it installed to
+    the default action, which would end a finished rank with exit status 138 and its job as FAILED."""
+    if hasattr(signal, "SIGUSR1"):
+        try:
+            signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            pass
+
+
 def early_usr1() -> bool:
     """Whether a SIGUSR1 arrived before training's handler took over (see :func:`install_early_usr1`)."""
     return _EARLY_USR1["seen"]

@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> None:
         if os.environ.get("MPISPARSE_TRACEBACK"):
             traceback.print_exc()
         _fail(1, msg)
+    if session.ARGV[:1] == ["train"]:
+        from .. import signals
+
+        signals.ignore_late_usr1()
     sys.exit(code if isinstance(code, int) else 0)
 
 
