@@ -45,12 +45,12 @@ try:  # optional: the compiled loop
         c = 0
         full = n - n % _BLOCK
         for b in range(0, full, _BLOCK):
-            for j in range(b, b + _BLOCK):
-                e[j] = e[j] + g[j]
-            hi = e.dtype.type(0)
-            for j in range(b, b + _BLOCK):
-                hi = max(hi, abs(e[j]))
-            if hi >= t:
+            hits = 0
+            for j in range(b, b + _BLOCK):  # add, store and count the hits: one vectorised loop
+                v = e[j] + g[j]
+                e[j] = v
+                hits += abs(v) >= t
+            if hits:
                 for j in range(b, b + _BLOCK):
                     if abs(e[j]) >= t:
                         if c < cap:
@@ -72,10 +72,10 @@ try:  # optional: the compiled loop
         c = 0
         full = n - n % _BLOCK
         for b in range(0, full, _BLOCK):
-            hi = x.dtype.type(0)
-            for j in range(b, b + _BLOCK):
-                hi = max(hi, abs(x[j]))
-            if hi >= t:
+            hits = 0
+            for j in range(b, b + _BLOCK):  # a count of the hits vectorises (a max reduction does not)
+                hits += abs(x[j]) >= t
+            if hits:
                 for j in range(b, b + _BLOCK):
                     if abs(x[j]) >= t:
                         if c < cap:
