@@ -311,6 +311,8 @@ CLI_ONLY_OPTIONS: dict[str, str] = {
     "overwrite_checkpoint": "start-up only: checked before MPI starts, on every rank",
     "progress_interval": "output only: how often rank 0 prints a status line off a terminal",
     "no_progress": "output only: rank 0 prints no progress",
+    "launcher": "start-up only: it picks the transport (MPI or torch.distributed) before there is one to compare "
+                "over; every process of one launcher's job sees the same environment",
 }
 
 #: command-line parameter names that fill a configuration field of another name (``a.b``: a nested field)

@@ -22,106 +22,17 @@ residual, bit for bit (``tests/test_fused.py``).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from . import numpy_kernels as nk
+from .compiled import _HAVE_NUMBA, _buffers, available, enabled, select_ge
 from .numpy_kernels import index_dtype
+
+if _HAVE_NUMBA:
+    from .compiled import _fused_pass
 
 __all__ = ["available", "compensate_candidates", "compensate_threshold", "compensate_topk", "enabled",
            "select_ge", "topk_from_candidates"]
-
-#: elements per block of the fused loop: a block's magnitudes are compared with one vectorised max first
-_BLOCK = 64
-
-try:  # optional: the compiled loop
-    import numba
-
-    @numba.njit(cache=True, nogil=True)
-    def _fused_pass(e, g, t, cand):  # pragma: no cover - compiled
-        n = e.shape[0]
-        cap = cand.shape[0]
-        c = 0
-        full = n - n % _BLOCK
-        for b in range(0, full, _BLOCK):
-            hits = 0
-            for j in range(b, b + _BLOCK):  # add, store and count the hits: one vectorised loop
-                v = e[j] + g[j]
-                e[j] = v
-                hits += abs(v) >= t
-            if hits:
-                for j in range(b, b + _BLOCK):
-                    if abs(e[j]) >= t:
-                        if c < cap:
-                            cand[c] = j
-                        c += 1
-        for j in range(full, n):
-            v = e[j] + g[j]
-            e[j] = v
-            if abs(v) >= t:
-                if c < cap:
-                    cand[c] = j
-                c += 1
-        return c
-
-    @numba.njit(cache=True, nogil=True)
-    def _select_pass(x, t, cand):  # pragma: no cover - compiled
-        n = x.shape[0]
-        cap = cand.shape[0]
-        c = 0
-        full = n - n % _BLOCK
-        for b in range(0, full, _BLOCK):
-            hits = 0
-            for j in range(b, b + _BLOCK):  # a count of the hits vectorises (a max reduction does not)
-                hits += abs(x[j]) >= t
-            if hits:
-                for j in range(b, b + _BLOCK):
-                    if abs(x[j]) >= t:
-                        if c < cap:
-                            cand[c] = j
-                        c += 1
-        for j in range(full, n):
-            if abs(x[j]) >= t:
-                if c < cap:
-                    cand[c] = j
-                c += 1
-        return c
-
-    _HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - depends on the environment
-    _HAVE_NUMBA = False
-
-
-def available() -> bool:
-    """Whether the compiled loop can run here (numba installed)."""
-    return _HAVE_NUMBA
-
-
-def enabled() -> bool:
-    """Whether :func:`compensate_topk` uses the compiled loop (numba installed and ``MPISPARSE_FUSED`` not 0)."""
-    return _HAVE_NUMBA and os.environ.get("MPISPARSE_FUSED", "1").strip() != "0"
-
-
-class _Buffers:
-    """Candidate index buffers, reused across calls (keyed by index dtype and capacity)."""
-
-    def __init__(self) -> None:
-        self.cand: dict[tuple, np.ndarray] = {}
-
-    def get(self, cap: int, idt) -> np.ndarray:
-        key = (np.dtype(idt).str,)
-        buf = self.cand.get(key)
-        if buf is None or buf.size < cap:
-            buf = self.cand[key] = np.empty(max(cap, 1024), dtype=idt)
-        return buf[:cap]
-
-    def capacity(self, idt) -> int:
-        buf = self.cand.get((np.dtype(idt).str,))
-        return 0 if buf is None else buf.size
-
-
-_buffers = _Buffers()
 
 
 def _check(e, g) -> None:
@@ -167,16 +78,6 @@ def compensate_candidates(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, fus
     cap = 4 * k + 1024
     cand = _buffers.get(cap, index_dtype(n))
     c = int(_fused_pass(e, g, nk._ceil_to_dtype(t, e.dtype), cand))
-    return cand[:c] if c <= cap else None
-
-
-def select_ge(x: np.ndarray, t, cap: int, idt):
-    """Ascending indices with ``|x| >= t`` (``t`` of x's dtype) found by the compiled read-only pass, or None
-    (not enabled, or more than ``cap`` of them). The result is a view of a reused buffer: copy it to keep it."""
-    if not enabled() or x.ndim != 1 or x.dtype not in (np.float32, np.float64) or not x.flags.c_contiguous:
-        return None
-    cand = _buffers.get(cap, idt)
-    c = int(_select_pass(x, t, cand))
     return cand[:c] if c <= cap else None
 
 

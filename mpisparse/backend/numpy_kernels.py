@@ -42,6 +42,7 @@ import math
 
 import numpy as np
 
+from . import compiled  # the optional numba loops (imports nothing of the package)
 from . import index_dtype  # the one place the index width is decided
 
 __all__ = [
@@ -209,11 +210,9 @@ def _select_ge(x: np.ndarray, t, fbuf: np.ndarray, idt) -> np.ndarray:
 
 
 def _fast_select_ge(x: np.ndarray, t, cap: int, idt):
-    """The compiled candidate pass (:func:`mpisparse.backend.fused.select_ge`: one read of ``x``) when numba
+    """The compiled candidate pass (:func:`mpisparse.backend.compiled.select_ge`: one read of ``x``) when numba
     is enabled, else None (then :func:`_select_ge`, the same indices, runs)."""
-    from . import fused  # imported here: fused builds on this module
-
-    return fused.select_ge(x, t, cap, idt)
+    return compiled.select_ge(x, t, cap, idt)
 
 
 def _full_topk(x: np.ndarray, k: int, scratch, idt) -> np.ndarray:
