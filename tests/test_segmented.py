@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mpisparse import backend
+from mpisparse.backend import compiled_segments
 from mpisparse.backend import numpy_kernels as nk
 
 
@@ -47,9 +48,18 @@ def random_ks(rng, sizes):
     return np.array(ks, dtype=np.int64)
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def path(request, monkeypatch):
+    """Run a test on the compiled segmented kernel (numba) and on the NumPy one (``MPISPARSE_FUSED=0``)."""
+    if request.param == "compiled" and not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    monkeypatch.setenv("MPISPARSE_FUSED", "1" if request.param == "compiled" else "0")
+    return request.param
+
+
 @pytest.mark.parametrize("seed", range(40))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_segment_topk_abs_equals_per_segment_reference(seed, dtype):
+def test_segment_topk_abs_equals_per_segment_reference(seed, dtype, path):
     rng = np.random.default_rng(seed)
     starts, sizes, n = random_layout(rng, tiny=seed % 4 == 0)
     x = rng.standard_normal(n).astype(dtype)  # continuous: ties-free
@@ -64,7 +74,7 @@ def test_segment_topk_abs_equals_per_segment_reference(seed, dtype):
     np.testing.assert_array_equal(x, before)
 
 
-def test_segment_topk_abs_many_tiny_segments_and_edges():
+def test_segment_topk_abs_many_tiny_segments_and_edges(path):
     rng = np.random.default_rng(1)
     sizes = rng.integers(0, 4, 3000).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
@@ -78,10 +88,12 @@ def test_segment_topk_abs_many_tiny_segments_and_edges():
     assert sorted(nk.segment_topk_abs(x, [5], [3], [3]).tolist()) == [5, 6, 7]
 
 
-def test_segment_topk_abs_retry_and_fallback_paths(monkeypatch):
+def test_segment_topk_abs_retry_and_fallback_paths(monkeypatch, path):
     """A threshold margin of zero makes many segments come up short: the retries stay exact."""
     monkeypatch.setattr(nk, "_MARGIN_SIGMAS", -3.0)
     monkeypatch.setattr(nk, "_MARGIN_EXTRA", 0)
+    monkeypatch.setattr(nk, "_SEGC_SIGMAS", -3.0)  # the compiled kernel's own margin
+    monkeypatch.setattr(nk, "_SEGC_EXTRA", 0)
     rng = np.random.default_rng(7)
     sizes = np.full(60, 12_000, dtype=np.int64)
     starts = np.arange(60, dtype=np.int64) * 12_000
@@ -94,7 +106,7 @@ def test_segment_topk_abs_retry_and_fallback_paths(monkeypatch):
             np.testing.assert_array_equal(g, w)
 
 
-def test_segment_topk_abs_ties_exactly_k():
+def test_segment_topk_abs_ties_exactly_k(path):
     rng = np.random.default_rng(2)
     x = rng.integers(-3, 4, 40_000).astype(np.float32)  # 7 values: huge ties
     sizes = np.array([10_000, 0, 1, 29_999], dtype=np.int64)
@@ -105,6 +117,38 @@ def test_segment_topk_abs_ties_exactly_k():
         assert np.unique(g).size == k and (g.size == 0 or (g.min() >= a and g.max() < a + s))
         seg = np.abs(x[a:a + s])
         assert k == 0 or np.abs(x[g]).min() >= np.sort(seg)[::-1][k - 1]
+
+
+def test_segment_topk_abs_nan_and_inf_rank_largest(path):
+    """NaN ranks above every magnitude, inf next, on both paths (the kernels compare magnitude keys)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(300_000).astype(np.float32)
+    x[[10, 70_000, 299_999]] = np.nan
+    x[[20, 150_000]] = [np.inf, -np.inf]
+    starts, sizes, ks = np.array([0, 100_000]), np.array([100_000, 200_000]), np.array([3, 50])
+    got = split(nk.segment_topk_abs(x, starts, sizes, ks, rng=0), ks)
+    assert {10, 20, 70_000} == set(got[0].tolist())
+    assert {150_000, 299_999} <= set(got[1].tolist())
+    rest = np.setdiff1d(got[1], [150_000, 299_999])
+    np.testing.assert_array_equal(rest, np.sort(100_000 + np.argsort(-np.abs(np.nan_to_num(x[100_000:], posinf=0, neginf=0)),
+                                                                      kind="stable")[:48]))
+
+
+def test_compiled_and_numpy_paths_select_the_same_sets(monkeypatch):
+    """The compiled kernel and the NumPy kernel pick the same index set per segment (ties-free data)."""
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    rng = np.random.default_rng(11)
+    sizes = rng.integers(1, 300_000, 60).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    x = rng.standard_normal(int(sizes.sum())).astype(np.float32) * rng.uniform(0.1, 10, int(sizes.sum())).astype(np.float32)
+    ks = np.maximum(1, (sizes * rng.uniform(0.0005, 0.05, 60)).astype(np.int64))
+    got = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("MPISPARSE_FUSED", env)
+        got[env] = split(nk.segment_topk_abs(x, starts, sizes, ks, rng=1), ks)
+    for a, b in zip(got["1"], got["0"]):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_segment_topk_abs_errors():

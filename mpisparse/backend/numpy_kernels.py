@@ -43,6 +43,7 @@ import math
 import numpy as np
 
 from . import compiled  # the optional numba loops (imports nothing of the package)
+from . import compiled_segments  # the segmented top-k as one compiled loop (optional, numba)
 from . import index_dtype  # the one place the index width is decided
 
 __all__ = [
@@ -617,24 +618,33 @@ class _Virtual:
         return hi - lo
 
 
-def segment_plan(sizes: np.ndarray, ks: np.ndarray, sqrt_cap: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def segment_plan(sizes: np.ndarray, ks: np.ndarray, sqrt_cap: float | None = None, *,
+                 hits: float | None = None, sample_max: int | None = None, sigmas: float | None = None,
+                 extra: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per segment ``(m_i, r_i)``: sample size and starting rank (the :func:`sample_plan` sizing, vectorised).
 
     ``m_i = 0`` marks a segment whose every entry is a candidate (no sample:
     ``k_i == 0`` handled by the caller, ``k_i`` dense, or ``r_i >= m_i``).
-    Shared by the NumPy and CuPy segmented kernels.
+    Shared by the NumPy, compiled and CuPy segmented kernels; ``hits``,
+    ``sample_max``, ``sigmas`` and ``extra`` override the module's sizing
+    (the compiled kernel's samples and retries are cheaper, so it samples
+    more and keeps a smaller margin).
     """
+    hits = _SEG_SAMPLE_HITS if hits is None else hits
+    sample_max = _SEG_SAMPLE_MAX if sample_max is None else sample_max
+    sigmas = _MARGIN_SIGMAS if sigmas is None else sigmas
+    extra = _MARGIN_EXTRA if extra is None else extra
     s = sizes.astype(np.float64)
     k = np.maximum(ks, 1).astype(np.float64)
-    m = np.ceil(_SEG_SAMPLE_HITS * s / k)
+    m = np.ceil(hits * s / k)
     # at most ~ sqrt(size) samples: beyond that the samples cost more than
     # the extra candidates a coarser threshold lets through (both ~ sqrt(size))
-    if sqrt_cap:  # NumPy kernel only (its sample costs as much per entry as a candidate)
+    if sqrt_cap:
         m = np.minimum(m, np.ceil(sqrt_cap * np.sqrt(s)))
-    m = np.clip(m, _SEG_SAMPLE_MIN, _SEG_SAMPLE_MAX)
+    m = np.clip(m, _SEG_SAMPLE_MIN, sample_max)
     m = np.maximum(1.0, np.minimum(m, np.floor(s / 8)))
     lam = m * k / np.maximum(s, 1.0)
-    r = np.ceil(lam + _MARGIN_SIGMAS * np.sqrt(lam) + _MARGIN_EXTRA)
+    r = np.ceil(lam + sigmas * np.sqrt(lam) + extra)
     whole = (r >= m) | (ks > DENSE_FRACTION * sizes) | (ks >= sizes)
     m = np.where(whole, 0, m).astype(np.int64)
     return m, np.where(whole, 0, r).astype(np.int64)
@@ -646,6 +656,14 @@ _SEG_SAMPLE_HITS = 32
 _SEG_SAMPLE_MIN = 256
 _SEG_SAMPLE_MAX = 8192
 _SEG_SAMPLE_SQRT = 4.0
+# the compiled kernel's sizing (:mod:`.compiled_segments`): its samples are read in cache-line runs and a
+# retry re-reads one segment, while every candidate costs a scan of its block (~35 ns), so it samples
+# more and keeps a smaller margin (tuned on resnet50 / lstm-wt2 shapes, see docs/performance.md)
+_SEGC_HITS = 32
+_SEGC_MAX = 8192
+_SEGC_SQRT = 8.0
+_SEGC_SIGMAS = 2.0
+_SEGC_EXTRA = 1
 
 
 def _seg_thresholds(samp_sorted: np.ndarray, soff: np.ndarray, m: np.ndarray, r: np.ndarray,
@@ -689,6 +707,11 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
     if out.size == 0:
         return out
     rng = _get_rng(rng)
+    if compiled_segments.enabled() and x.flags.c_contiguous:  # the compiled loop: every segment in one call
+        m, r = segment_plan(sz, k, _SEGC_SQRT, hits=_SEGC_HITS, sample_max=_SEGC_MAX, sigmas=_SEGC_SIGMAS,
+                            extra=_SEGC_EXTRA)
+        if compiled_segments.segment_topk(x, st, sz, k, m, r, int(rng.integers(1 << 32)), out, MAX_RETRIES):
+            return out
     on = k > 0
     # small and large segments apart (see SEG_SMALL): two calls, their outputs put in their slots
     # segments with a large k: topk_abs each (at most k.sum() / SEG_TOPK_K of them), whose

@@ -1,0 +1,210 @@
+"""The segmented top-k as one compiled loop (numba): every segment's sample, pass and resolution.
+
+:func:`segment_topk` is the compiled counterpart of the NumPy segmented
+kernel (:func:`mpisparse.backend.numpy_kernels.segment_topk_abs`) and
+returns the same kind of result: exactly ``k_i`` indices per segment,
+grouped by segment in the given order, the ``k_i`` largest magnitudes of
+each (on ties any of the tied entries; NaN ranks as the largest magnitude).
+
+It works on magnitude *keys*, the float's bits with the sign bit cleared
+(``uint32`` for float32, ``uint64`` for float64): keys order as the
+magnitudes do, NaN above infinity.  Per segment, in one loop over the
+segments (no NumPy call per segment):
+
+1. the threshold: ``m_i`` stratified samples of the segment's keys (one
+   uniform position in each of ``m_i`` equal strata, read as runs of
+   :data:`_RUN` adjacent keys, one cache line each; numba's generator,
+   seeded by the caller), and the ``r_i``-th largest of them is the
+   threshold (``m_i``, ``r_i`` from :func:`segment_plan`: the expected
+   sampled top-k plus a margin of about 2 standard deviations: a retry costs
+   one more read of one segment, a candidate a scan of its block);
+2. one pass over the segment in blocks of 64: a block's hits
+   (``key >= threshold``) are counted first (an integer count, which
+   vectorises) and collected, position and key, only when there are any;
+3. fewer than ``k_i`` candidates (the margin makes that rare): the rank is
+   raised from the same sorted sample and the pass repeated; after
+   ``max_retries`` passes the threshold is 0 (every entry a candidate);
+4. the ``k_i``-th largest candidate key by a partition of the candidates'
+   keys (a few times ``k_i``), then the entries above it and the first of
+   the entries equal to it up to ``k_i``.
+
+The candidate buffers grow to the largest count seen and are kept.  The
+result never depends on the sample, only the time does.  This module imports
+nothing of the package beyond :mod:`.compiled` (the switch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .compiled import enabled
+
+__all__ = ["segment_topk"]
+
+#: elements per block of the candidate pass (its hits are counted before any is collected)
+_BLOCK = 64
+#: adjacent keys per sample run (16 float32 = one 64-byte cache line): the sample's cost is its cache misses
+_RUN = 16
+
+try:  # optional: the compiled loop
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def _collect(xu, a, n, t, mask, cand, ckey):  # pragma: no cover - compiled
+        """Positions and keys of ``key >= t`` in ``xu[a:a + n]`` into the buffers; returns the count (may
+        exceed the buffers: then only the count is exact)."""
+        cap = cand.shape[0]
+        c = 0
+        nb = n // _BLOCK
+        for bi in range(nb):
+            b = a + bi * _BLOCK
+            blk = xu[b:b + _BLOCK]  # a block slice with a constant trip count: the count vectorises
+            hits = 0
+            for j in range(_BLOCK):
+                hits += (blk[j] & mask) >= t
+            if hits:
+                for j in range(_BLOCK):
+                    kk = blk[j] & mask
+                    if kk >= t:
+                        if c < cap:
+                            cand[c] = b + j
+                            ckey[c] = kk
+                        c += 1
+        full = a + nb * _BLOCK
+        for j in range(full, a + n):
+            kk = xu[j] & mask
+            if kk >= t:
+                if c < cap:
+                    cand[c] = j
+                    ckey[c] = kk
+                c += 1
+        return c
+
+    @numba.njit(cache=True, nogil=True)
+    def _segments_pass(xu, mask, zero, st, sz, k, m, r, seed, ooff, out, cand, ckey, max_retries):  # pragma: no cover
+        """Steps 1-4 of the module docstring for every segment; returns ``(cand, ckey)`` (grown or not).
+
+        ``zero`` is the key type's 0, passed in: a threshold of another integer type than the keys (``mask & 0``
+        is int64 in numba) makes the pass compare in 64 bits, 2.7x slower (measured)."""
+        S = st.shape[0]
+        np.random.seed(seed)  # numba's own generator: the sample positions follow from the caller's seed
+        for i in range(S):
+            ki = k[i]
+            a = st[i]
+            ni = sz[i]
+            mi = m[i]
+            o = ooff[i]
+            if ki == 0:
+                continue
+            if ki == ni:
+                for j in range(ni):
+                    out[o + j] = a + j
+                continue
+            samp = np.empty(mi, dtype=xu.dtype)
+            runs = mi // _RUN
+            if runs >= 1 and ni >= 4 * runs * _RUN:  # runs of _RUN adjacent keys: a cache line read per _RUN
+                mi = runs * _RUN
+                samp = samp[:mi]
+                step = (ni - _RUN) / runs
+                for j in range(runs):
+                    p = a + int((j + np.random.random()) * step)
+                    for q in range(_RUN):
+                        samp[j * _RUN + q] = xu[p + q] & mask
+            else:
+                step = ni / max(mi, 1)
+                for j in range(mi):
+                    p = int((j + np.random.random()) * step)
+                    if p > ni - 1:
+                        p = ni - 1
+                    samp[j] = xu[a + p] & mask
+            ri = r[i]
+            if ri > mi:
+                ri = mi
+            sorted_ = False
+            if 0 < ri < mi:  # the first try needs one order statistic (linear); a retry sorts
+                t = np.partition(samp, mi - ri)[mi - ri]
+            else:
+                t = zero
+            tries = 1
+            while True:
+                c = _collect(xu, a, ni, t, mask, cand, ckey)
+                if c > cand.shape[0]:  # the buffers were too small: grow them, collect again
+                    cap = c + c // 4 + 1024
+                    cand = np.empty(cap, dtype=cand.dtype)
+                    ckey = np.empty(cap, dtype=ckey.dtype)
+                    c = _collect(xu, a, ni, t, mask, cand, ckey)
+                if c >= ki or t == zero:
+                    break
+                if tries >= max_retries:
+                    t = zero
+                else:
+                    if not sorted_:
+                        samp.sort()
+                        sorted_ = True
+                    ri = int(np.ceil(ri * 2.0 * ki / max(c, 1))) + 16
+                    t = samp[mi - ri] if ri < mi else zero
+                tries += 1
+            if c == ki:
+                for j in range(c):
+                    out[o + j] = cand[j]
+                continue
+            q = np.partition(ckey[:c].copy(), c - ki)[c - ki]  # the ki-th largest candidate key
+            above = 0
+            for j in range(c):
+                above += ckey[j] > q
+            ties = ki - above
+            w = o
+            for j in range(c):
+                kk = ckey[j]
+                if kk > q:
+                    out[w] = cand[j]
+                    w += 1
+                elif kk == q and ties > 0:
+                    out[w] = cand[j]
+                    w += 1
+                    ties -= 1
+        return cand, ckey
+
+    _HAVE_NUMBA = True
+except ImportError:  # pragma: no cover - depends on the environment
+    _HAVE_NUMBA = False
+
+
+class _State:
+    """The candidate buffers, kept between calls (keyed by key width)."""
+
+    def __init__(self) -> None:
+        self.buf: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+_state = _State()
+
+
+def segment_topk(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.ndarray, m: np.ndarray,
+                 r: np.ndarray, seed: int, out: np.ndarray, max_retries: int) -> bool:
+    """Fill ``out`` (grouped by segment, ``k`` per segment) with the segmented top-k of ``x``; False when the
+    compiled loop cannot run here (not enabled, or ``x`` not a contiguous float32/float64 vector), then
+    ``out`` is untouched.
+
+    ``st``, ``sz``, ``k``, ``m``, ``r``: int64 per segment (starts, sizes, k, sample size, starting rank:
+    :func:`mpisparse.backend.numpy_kernels.segment_plan`); ``seed`` seeds numba's generator for the sample
+    positions (the caller draws it from its ``rng``).
+    """
+    if not (_HAVE_NUMBA and enabled()) or x.ndim != 1 or not x.flags.c_contiguous:
+        return False
+    if x.dtype == np.float32:
+        xu, mask, zero = x.view(np.uint32), np.uint32(0x7FFFFFFF), np.uint32(0)
+    elif x.dtype == np.float64:
+        xu, mask, zero = x.view(np.uint64), np.uint64(0x7FFFFFFFFFFFFFFF), np.uint64(0)
+    else:
+        return False
+    width = x.dtype.itemsize
+    cand, ckey = _state.buf.get(width, (None, None))
+    if cand is None:
+        cap = max(1024, 4 * int(k.max(initial=0)) + 1024)
+        cand, ckey = np.empty(cap, np.int64), np.empty(cap, xu.dtype)
+    ooff = np.zeros(k.size + 1, dtype=np.int64)
+    np.cumsum(k, out=ooff[1:])
+    cand, ckey = _segments_pass(xu, mask, zero, st, sz, k, m, r, seed, ooff, out, cand, ckey, int(max_retries))
+    _state.buf[width] = (cand, ckey)
+    return True
