@@ -212,6 +212,37 @@ def test_scheme_is_registered_and_one_rank_is_layerwise_topk_with_norm_k():
     assert d["error_norm"] == pytest.approx(float(np.linalg.norm(resid)), rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_norms_step_equals_the_plain_step(monkeypatch, dtype):
+    """The compiled pass (acc = e + g with the layer norms summed on the way) and the plain steps give the
+    same output and residual, step after step; the fused norms agree with segment_norms to rounding."""
+    from mpisparse.backend import compiled_segments
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    runs = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("MPISPARSE_FUSED", env)
+        sch = create("deft", SelfComm(), LAYOUT, 0.05)
+        runs[env] = [(sch.step(grad_of(LAYOUT, t=t).astype(dtype)).copy(), sch.memory.residual.copy(),
+                      sch.last_ks.copy()) for t in range(4)]
+    for (o1, r1, k1), (o0, r0, k0) in zip(runs["1"], runs["0"]):
+        np.testing.assert_array_equal(k1, k0)
+        np.testing.assert_array_equal(o1, o0)
+        np.testing.assert_array_equal(r1, r0)
+    monkeypatch.setenv("MPISPARSE_FUSED", "1")
+    layers = deft_layers(LAYOUT, 2)
+    starts, sizes = np.array([l.start for l in layers]), np.array([l.size for l in layers])
+    e, g = np.zeros(LAYOUT.n, dtype), grad_of(LAYOUT).astype(dtype)
+    got = compiled_segments.compensate_norms(e, g, starts, sizes)
+    np.testing.assert_array_equal(e, g)
+    np.testing.assert_allclose(got, layer_norms(g, layers), rtol=1e-6)
+    g[layers[1].start] = np.inf
+    g[layers[2].start] = np.nan
+    bad = compiled_segments.compensate_norms(np.zeros_like(g), g, starts, sizes)
+    assert np.isinf(bad[1]) and np.isnan(bad[2]) and np.isfinite(np.delete(bad, [1, 2])).all()
+    assert compiled_segments.compensate_norms(e, g, starts[::-1], sizes[::-1]) is None  # not ascending
+
+
 def test_scheme_density_one_is_dense_and_state_round_trips():
     sch = create("deft", SelfComm(), LAYOUT, 1.0)
     g = grad_of(LAYOUT)

@@ -39,7 +39,7 @@ import numpy as np
 
 from .compiled import enabled
 
-__all__ = ["segment_topk"]
+__all__ = ["compensate_norms", "segment_topk"]
 
 #: elements per block of the candidate pass (its hits are counted before any is collected)
 _BLOCK = 64
@@ -165,6 +165,42 @@ try:  # optional: the compiled loop
                     ties -= 1
         return cand, ckey
 
+    @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+    def _add_sumsq(e, g, a, n):  # pragma: no cover - compiled
+        """``e[a:a + n] += g[a:a + n]``; returns the float64 sum of squares of the new values.  In block
+        slices of constant length: a plain loop over the range runs 3.5x slower (measured, not vectorised)."""
+        acc = 0.0
+        nb = n // _BLOCK
+        for bi in range(nb):
+            b = a + bi * _BLOCK
+            eb = e[b:b + _BLOCK]
+            gb = g[b:b + _BLOCK]
+            s = 0.0
+            for j in range(_BLOCK):
+                v = eb[j] + gb[j]
+                eb[j] = v
+                s += np.float64(v) * np.float64(v)
+            acc += s
+        for j in range(a + nb * _BLOCK, a + n):
+            v = e[j] + g[j]
+            e[j] = v
+            acc += np.float64(v) * np.float64(v)
+        return acc
+
+    @numba.njit(cache=True, nogil=True)
+    def _compensate_sumsq(e, g, st, sz, sums):  # pragma: no cover - compiled
+        """``e += g`` over the whole vector and the float64 sum of squares of the new ``e`` over every
+        segment (ascending, not overlapping), in one pass."""
+        pos = 0
+        for i in range(st.shape[0]):
+            a = st[i]
+            if a > pos:  # a gap between segments: compensated, not summed
+                _add_sumsq(e, g, pos, a - pos)
+            sums[i] = _add_sumsq(e, g, a, sz[i])
+            pos = a + sz[i]
+        if e.shape[0] > pos:
+            _add_sumsq(e, g, pos, e.shape[0] - pos)
+
     _HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - depends on the environment
     _HAVE_NUMBA = False
@@ -208,3 +244,26 @@ def segment_topk(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.ndarray, m
     cand, ckey = _segments_pass(xu, mask, zero, st, sz, k, m, r, seed, ooff, out, cand, ckey, int(max_retries))
     _state.buf[width] = (cand, ckey)
     return True
+
+
+def compensate_norms(e: np.ndarray, g: np.ndarray, st: np.ndarray, sz: np.ndarray) -> np.ndarray | None:
+    """``e += g`` in place and the L2 norm of every segment of the new ``e`` (float64), in one compiled
+    pass; None when it cannot run here (not enabled, not contiguous float32/float64 vectors of one dtype,
+    or segments not ascending and disjoint), then nothing was done.
+
+    The sums of squares accumulate in float64 (reassociated, so vectorised): they agree with
+    :func:`mpisparse.backend.numpy_kernels.segment_norms` (float32 row sums combined in float64) to
+    float32 rounding, not bit for bit.  inf or NaN in a segment give an inf or NaN norm, as there.
+    """
+    if not (_HAVE_NUMBA and enabled()) or e.ndim != 1 or e.shape != g.shape or e.dtype != g.dtype:
+        return None
+    if e.dtype not in (np.float32, np.float64) or not (e.flags.c_contiguous and g.flags.c_contiguous):
+        return None
+    st = np.asarray(st, dtype=np.int64)
+    sz = np.asarray(sz, dtype=np.int64)
+    end = st + sz
+    if st.size and (st.min() < 0 or end.max() > e.shape[0] or bool(np.any(st[1:] < end[:-1]))):
+        return None
+    sums = np.empty(st.size, dtype=np.float64)
+    _compensate_sumsq(e, g, st, sz, sums)
+    return np.sqrt(sums)

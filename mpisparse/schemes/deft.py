@@ -15,7 +15,8 @@ Every step, on every rank (Alg. 1 with ``Sparsify`` = Alg. 3-5)
     1. Alg. 1 l.5: ``acc = e + g`` (phase ``compensate``).
     2. Alg. 3: the L2 norm of every layer of ``acc``, then the layer's local
        k from the norms, ``k_total = k = round(density * n)``
-       (phase ``select``).
+       (phase ``select``; with the compiled pass the norms are summed while
+       step 1 writes ``acc``, in ``compensate``: one pass instead of two).
     3. Alg. 4 l.1-15: the leader ``t mod W`` packs the layers into ``W``
        bins by cost ``n_x ln k_x`` (highest cost to the least-loaded bin),
        from its own norms and k (phase ``select``, leader only).
@@ -81,6 +82,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import backend
+from ..backend import compiled_segments
 from ..layer_partition import (
     Layer,
     assign_local_k,
@@ -288,13 +290,14 @@ class Deft(Scheme):
     def _step(self, grad):
         W, rank, t = self.comm.size, self.comm.rank, self.iteration
         with self.phase("compensate"):
-            acc = self.memory.compensate(grad)  # Alg. 1 l.5
+            acc, norms = self._compensate_norms(grad)  # Alg. 1 l.5 (+ the norms, fused)
         if self._scratch is None:
             self._scratch = backend.array_module(acc).empty_like(acc)
 
         with self.phase("select"):
             s0 = time.perf_counter()
-            norms = layer_norms(acc, self.layers, self._spans)
+            if norms is None:
+                norms = layer_norms(acc, self.layers, self._spans)
             ks = local_k(self.layer_sizes, norms, self.k)  # Alg. 3, own norms
             cycle = leader(t, W)  # Alg. 4 l.1
             if rank == cycle:  # Alg. 4 l.3
@@ -332,6 +335,20 @@ class Deft(Scheme):
         self.last_own_indices = idx
         self._last_indices = all_idx
         return out
+
+    def _compensate_norms(self, grad):
+        """``(acc, norms)``: Alg. 1 l.5 and, where the compiled pass runs (residual error feedback on host
+        float arrays, numba, ``MPISPARSE_FUSED`` not 0), the layer norms of ``acc`` found in the same pass
+        (:func:`mpisparse.backend.compiled_segments.compensate_norms`); otherwise ``norms`` is None and
+        :func:`layer_norms` computes them in ``select``."""
+        mem = self.memory
+        if mem.in_place and isinstance(grad, np.ndarray) and grad.dtype.kind == "f" and compiled_segments.enabled():
+            if mem.residual is None:
+                mem.residual = np.zeros_like(grad)
+            norms = compiled_segments.compensate_norms(mem.residual, grad, *self._spans)
+            if norms is not None:
+                return mem.residual, norms
+        return self.memory.compensate(grad), None
 
     def selected_global(self) -> int:
         if self._last_indices is None:
