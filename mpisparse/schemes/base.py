@@ -75,7 +75,12 @@ class CollectiveScheme(SchemeBase):
     def output(self):
         """The scheme's reusable dense output vector, on the gradients' array module."""
         if self._out is None:
-            self._out = self.layout.zeros(xp=self.xp)
+            if self.xp is np:  # written out: a calloc'd vector maps its pages lazily, and a sparse step's
+                # scattered writes would then fault a page at a time over the first steps
+                self._out = np.empty(self.n, dtype=np.float32)
+                self._out.fill(0)
+            else:
+                self._out = self.layout.zeros(xp=self.xp)
         return self._out
 
     def use_array_module(self, xp) -> None:
