@@ -155,3 +155,12 @@ def test_topk_abs_with_the_compiled_candidate_pass_is_the_plain_set(n, k, monkey
 def test_select_ge_is_none_when_switched_off(monkeypatch):
     monkeypatch.setenv("MPISPARSE_FUSED", "0")
     assert fused.select_ge(np.ones(10, np.float32), np.float32(0.5), 10, np.int64) is None
+
+
+@pytest.mark.parametrize("c", [None, 5, 40])
+def test_topk_from_candidates_ascending_is_the_sorted_pick(c):
+    e = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+    cand = None if c is None else np.sort(np.argsort(-np.abs(e))[:c]).astype(np.int32)
+    got = fused.topk_from_candidates(e, cand, 10, ascending=True, rng=0)
+    assert np.array_equal(got, np.sort(fused.topk_from_candidates(e, cand, 10, rng=0)))
+    assert np.array_equal(got, np.sort(np.argsort(-np.abs(e))[:10]))

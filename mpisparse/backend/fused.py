@@ -82,16 +82,24 @@ def compensate_candidates(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, fus
     return cand[:c] if c <= cap else None
 
 
-def topk_from_candidates(e: np.ndarray, cand, k: int, *, rng=None, scratch=None) -> np.ndarray:
-    """The indices of the ``k`` largest ``|e|``: picked among ``cand`` when it holds at least ``k``,
-    else (``cand`` None or short: the threshold was too high) by ``topk_abs`` over all of ``e``."""
+def topk_from_candidates(e: np.ndarray, cand, k: int, *, rng=None, scratch=None,
+                         ascending: bool = False) -> np.ndarray:
+    """The indices of the ``k`` largest ``|e|``: picked among ``cand`` (ascending) when it holds at least
+    ``k``, else (``cand`` None or short: the threshold was too high) by ``topk_abs`` over all of ``e``.
+    ``ascending``: sorted (from the candidates by a mask, no sort)."""
     if cand is not None and cand.shape[0] >= k:
         c = cand.shape[0]
         if c == k:
             return cand.copy()
         vals = np.abs(e[cand])
-        return cand[np.argpartition(vals, c - k)[c - k:]]
-    return nk.topk_abs(e, k, scratch=scratch, rng=rng)
+        pick = np.argpartition(vals, c - k)[c - k:]
+        if not ascending:
+            return cand[pick]
+        keep = np.zeros(c, dtype=bool)
+        keep[pick] = True
+        return cand[keep]
+    idx = nk.topk_abs(e, k, scratch=scratch, rng=rng)
+    return np.sort(idx) if ascending else idx
 
 
 def compensate_threshold(e: np.ndarray, g: np.ndarray, t: float, *, scratch=None,

@@ -192,7 +192,7 @@ def dgc_select(v, k: int, rng, sample_fraction: float, *, scratch=None, superset
     ``superset``: ``(t_c, idx)``, the ascending indices of every ``|v| >= t_c``
     (or None), known from the fused momentum pass; when the sampled threshold
     is at least ``t_c`` its candidates are taken from them instead of a pass
-    over ``v`` (the same indices).
+    over ``v`` (the same indices); else the compiled threshold pass finds them.
     """
     n = v.shape[0]
     if k >= n:
@@ -203,6 +203,8 @@ def dgc_select(v, k: int, rng, sample_fraction: float, *, scratch=None, superset
         from ..backend import fused
 
         first = fused.narrow(v, superset[1], superset[0], t0)
+        if first is None:  # the guess missed: the compiled threshold pass (threshold_select's indices)
+            first = fused.segments_threshold(v, [0], [n], [t0], scratch=scratch)
     sel = refine_selection(v, k, t0, rng=rng, scratch=scratch, first=first)  # Alg. step 6
     sel.sampled = t0
     return sel
