@@ -1,13 +1,17 @@
 """The loops compiled by numba (optional: ``pip install mpisparse[fast]``) and the switch that enables them.
 
-Two loops over a float vector, each collecting the indices whose magnitude
+Loops over a float vector, each collecting the indices whose magnitude
 reaches a threshold into a bounded buffer (the count is returned even when
 it exceeds the buffer): :func:`_fused_pass` first adds the gradient into
-the residual (``e += g``), :func:`_select_pass` only reads. Each walks the
-vector in blocks of :data:`_BLOCK` and counts a block's hits before
-collecting them; the count vectorises (a max reduction would not without
-fast-math), so the read-only pass runs at about the speed of a read of the
-vector. :mod:`mpisparse.backend.fused` builds the fused compensation +
+the residual (``e += g``), :func:`_select_pass` only reads,
+:func:`_momentum_pass` is DGC's ``u = m u + g; v += u``, and
+:func:`_segments_fused_pass` / :func:`_segments_select_pass` use one
+threshold per segment (DCT's layers). Each walks the vector in blocks of
+:data:`_BLOCK` (:data:`_READ_BLOCK` for the read-only ones) and counts a
+block's hits before collecting them; the count vectorises (a max reduction
+would not without fast-math), so the read-only pass runs at about the speed
+of a read of the vector. A block with hits is collected without branches
+when the buffer has room for all of it (:func:`_collect`). :mod:`mpisparse.backend.fused` builds the fused compensation +
 selection on them, :func:`mpisparse.backend.numpy_kernels.topk_abs` its
 candidate pass (:func:`select_ge`). This module imports nothing of the
 package, so both can use it.

@@ -18,6 +18,12 @@ function runs the plain NumPy steps (``e += g`` then ``topk_abs``).  Both
 return the same set of indices (the ``k`` largest ``|e + g|``; on exact
 ties any ``k`` of the tied entries, as ``topk_abs``) and leave the same
 residual, bit for bit (``tests/test_fused.py``).
+
+The same holds for the scheme-specific passes: :func:`compensate_threshold`
+(a fixed threshold), :func:`compensate_momentum` with :func:`narrow` (DGC's
+momentum correction and its candidates, ``tests/test_fused_dgc.py``) and
+:func:`compensate_segments_threshold` / :func:`segments_threshold` (a
+threshold per layer, DCT, ``tests/test_fused_dct.py``).
 """
 
 from __future__ import annotations
