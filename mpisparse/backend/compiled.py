@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-__all__ = ["available", "enabled", "select_ge"]
+__all__ = ["available", "enabled", "scatter_sum", "select_ge"]
 
 #: elements per block of the loops: a block's hits are counted (one vectorised loop) before any is collected
 _BLOCK = 32
@@ -136,6 +136,24 @@ try:  # optional: the compiled loop
             c = _read_collect(x[lo:hi], thr[s], cand, c, lo)
         return c
 
+    @numba.njit(cache=True, nogil=True, boundscheck=True)  # indices from other ranks: an IndexError, as NumPy
+    def _scatter_sum_pass(out, clear, indices, values, bounds, scale, tmp):  # pragma: no cover - compiled
+        """The host ``scatter_sum`` in index loops without temporaries: ``out[clear] = 0``; block ``r``
+        (``indices[bounds[r]:bounds[r + 1]]``, distinct) adds its values; then, when ``tmp`` is not empty,
+        every touched entry becomes ``sum * scale``, read into ``tmp`` first (an index repeated across
+        blocks is then scaled once, as NumPy's ``out[indices] *= scale``)."""
+        for j in range(clear.shape[0]):
+            out[clear[j]] = 0
+        for r in range(bounds.shape[0] - 1):
+            for j in range(bounds[r], bounds[r + 1]):
+                i = indices[j]
+                out[i] = out[i] + values[j]
+        if tmp.shape[0]:
+            for j in range(indices.shape[0]):
+                tmp[j] = out[indices[j]] * scale
+            for j in range(indices.shape[0]):
+                out[indices[j]] = tmp[j]
+
     _HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - depends on the environment
     _HAVE_NUMBA = False
@@ -170,6 +188,27 @@ class _Buffers:
 
 
 _buffers = _Buffers()
+
+
+def scatter_sum(out: np.ndarray, indices, values, counts, scale: float, clear) -> bool:
+    """The host ``scatter_sum`` (:func:`mpisparse.backend.scatter_sum`) by the compiled index loops: True
+    when it ran, False (nothing done) when not enabled or the arrays do not fit the loop (float32 ``out``
+    and ``values``, 1-D integer ``indices`` and ``clear``, a sparse scale)."""
+    if (not enabled() or clear is None or not isinstance(out, np.ndarray) or out.dtype != np.float32
+            or not isinstance(values, np.ndarray) or values.dtype != np.float32 or out.ndim != 1
+            or not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu"
+            or not isinstance(clear, np.ndarray) or clear.dtype.kind not in "iu" or len(indices) == 0):
+        return False
+    scaled = scale != 1.0
+    if scaled and not 2 * len(indices) < out.size:
+        return False  # NumPy scales the whole vector then
+    bounds = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=bounds[1:])
+    if bounds[-1] != len(indices) or len(values) != len(indices):
+        return False
+    tmp = np.empty(len(indices) if scaled else 0, dtype=np.float32)
+    _scatter_sum_pass(out, clear, indices, values, bounds, np.float32(scale), tmp)
+    return True
 
 
 def select_ge(x: np.ndarray, t, cap: int, idt):
