@@ -362,9 +362,10 @@ def _fused_step_render(res: dict[str, Any], quick: bool) -> str:
                         "fused compensate", "fused select", "fused update", "fused compute", "fused step ms"], rows)
             + "\n\ncompute = compensate + select + update (the work of the step on a rank, without the exchange). "
               "plain: `MPISPARSE_FUSED=0`, the NumPy steps; fused: the numba pass of `mpisparse/backend/fused.py` "
-              "where a scheme uses it (topk, gtopk, and the CLT-k leader; the other schemes run the same code in "
-              "both columns, so their difference is noise). The floor: one pass reading the gradient and the "
-              "residual and writing the residual.")
+              "where a scheme uses it (topk, gtopk, the CLT-k leader, threshold, dgc's momentum pass and dct's "
+              "per-layer pass; the other schemes run the same code in both columns, so their difference is "
+              "noise). The floor: one pass reading the gradient and the residual and writing the residual "
+              "(dgc: reading u, v and the gradient and writing u and v).")
 
 
 _table(Table(

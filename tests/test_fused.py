@@ -155,3 +155,40 @@ def test_topk_abs_with_the_compiled_candidate_pass_is_the_plain_set(n, k, monkey
 def test_select_ge_is_none_when_switched_off(monkeypatch):
     monkeypatch.setenv("MPISPARSE_FUSED", "0")
     assert fused.select_ge(np.ones(10, np.float32), np.float32(0.5), 10, np.int64) is None
+
+
+@pytest.mark.parametrize("c", [None, 5, 40])
+def test_topk_from_candidates_ascending_is_the_sorted_pick(c):
+    e = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+    cand = None if c is None else np.sort(np.argsort(-np.abs(e))[:c]).astype(np.int32)
+    got = fused.topk_from_candidates(e, cand, 10, ascending=True, rng=0)
+    assert np.array_equal(got, np.sort(fused.topk_from_candidates(e, cand, 10, rng=0)))
+    assert np.array_equal(got, np.sort(np.argsort(-np.abs(e))[:10]))
+
+
+@needs_numba
+@pytest.mark.parametrize("scale", [1.0, 0.5, 1 / 3])
+def test_compiled_scatter_sum_is_the_numpy_one(scale, monkeypatch):
+    from mpisparse import backend
+    from mpisparse.backend import compiled
+
+    n = 50_000
+    rng = np.random.default_rng(4)
+    blocks = [rng.choice(n, size=s, replace=False).astype(np.int32) for s in (3000, 2500, 0, 4000)]
+    idx = np.concatenate(blocks)
+    vals = rng.standard_normal(idx.size).astype(np.float32)
+    vals[:5] = -0.0
+    vals[7] = np.nan
+    counts = [b.size for b in blocks]
+    clear = rng.choice(n, size=800, replace=False)
+    outs = []
+    for flag in ("0", "1"):
+        monkeypatch.setenv("MPISPARSE_FUSED", flag)
+        out = np.zeros(n, np.float32)
+        out[clear] = 7.0
+        backend.scatter_sum(out, idx, vals, counts, scale, clear=clear)
+        outs.append(out)
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))  # bit for bit, -0.0 and NaN included
+    with pytest.raises(IndexError):
+        compiled.scatter_sum(np.zeros(10, np.float32), np.array([3, 10]), np.ones(2, np.float32), [2], 1.0,
+                             np.array([], np.int64))

@@ -117,6 +117,10 @@ def scatter_sum(out, indices, values, counts, scale: float, *, clear=None) -> No
     if is_device_array(out):
         kernels(out).scatter_sum(out, indices, values, counts, scale)
         return
+    from . import compiled  # the numba index loops (the same sums), where enabled
+
+    if compiled.scatter_sum(out, indices, values, counts, scale, clear):
+        return
     if clear is None:
         out.fill(0)
     else:

@@ -1,13 +1,17 @@
 """The loops compiled by numba (optional: ``pip install mpisparse[fast]``) and the switch that enables them.
 
-Two loops over a float vector, each collecting the indices whose magnitude
+Loops over a float vector, each collecting the indices whose magnitude
 reaches a threshold into a bounded buffer (the count is returned even when
 it exceeds the buffer): :func:`_fused_pass` first adds the gradient into
-the residual (``e += g``), :func:`_select_pass` only reads. Each walks the
-vector in blocks of :data:`_BLOCK` and counts a block's hits before
-collecting them; the count vectorises (a max reduction would not without
-fast-math), so the read-only pass runs at about the speed of a read of the
-vector. :mod:`mpisparse.backend.fused` builds the fused compensation +
+the residual (``e += g``), :func:`_select_pass` only reads,
+:func:`_momentum_pass` is DGC's ``u = m u + g; v += u``, and
+:func:`_segments_fused_pass` / :func:`_segments_select_pass` use one
+threshold per segment (DCT's layers). Each walks the vector in blocks of
+:data:`_BLOCK` (:data:`_READ_BLOCK` for the read-only ones) and counts a
+block's hits before collecting them; the count vectorises (a max reduction
+would not without fast-math), so the read-only pass runs at about the speed
+of a read of the vector. A block with hits is collected without branches
+when the buffer has room for all of it (:func:`_collect`). :mod:`mpisparse.backend.fused` builds the fused compensation +
 selection on them, :func:`mpisparse.backend.numpy_kernels.topk_abs` its
 candidate pass (:func:`select_ge`). This module imports nothing of the
 package, so both can use it.
@@ -19,63 +23,136 @@ import os
 
 import numpy as np
 
-__all__ = ["available", "enabled", "select_ge"]
+__all__ = ["available", "enabled", "scatter_sum", "select_ge"]
 
 #: elements per block of the loops: a block's hits are counted (one vectorised loop) before any is collected
-_BLOCK = 64
+_BLOCK = 32
+#: the same for the read-only loops (fewer, longer blocks: their count is all they do)
+_READ_BLOCK = 64
 
 try:  # optional: the compiled loop
     import numba
 
-    @numba.njit(cache=True, nogil=True)
-    def _fused_pass(e, g, t, cand):  # pragma: no cover - compiled
-        n = e.shape[0]
+    @numba.njit(nogil=True, inline="always")
+    def _collect(x, b, end, t, cand, c, base):  # pragma: no cover - compiled
+        """Append ``base + j`` for ``j`` in ``[b, end)`` with ``|x[j]| >= t`` to ``cand[c:]``; returns the new
+        count (it goes on counting past the buffer). With room for the whole block, without branches:
+        every index is written and the count advances only on a hit."""
         cap = cand.shape[0]
-        c = 0
+        if c + (end - b) <= cap:
+            for j in range(b, end):
+                cand[c] = base + j
+                c += abs(x[j]) >= t
+        else:
+            for j in range(b, end):
+                if abs(x[j]) >= t:
+                    if c < cap:
+                        cand[c] = base + j
+                    c += 1
+        return c
+
+    @numba.njit(nogil=True, inline="always")
+    def _add_collect(e, g, t, cand, c, base):  # pragma: no cover - compiled
+        """``e += g`` over all of ``e`` (a slice starting at ``base``), collecting as :func:`_collect`."""
+        n = e.shape[0]
         full = n - n % _BLOCK
         for b in range(0, full, _BLOCK):
             hits = 0
             for j in range(b, b + _BLOCK):  # add, store and count the hits: one vectorised loop
-                v = e[j] + g[j]
-                e[j] = v
-                hits += abs(v) >= t
+                w = e[j] + g[j]
+                e[j] = w
+                hits += abs(w) >= t
             if hits:
-                for j in range(b, b + _BLOCK):
-                    if abs(e[j]) >= t:
-                        if c < cap:
-                            cand[c] = j
-                        c += 1
+                c = _collect(e, b, b + _BLOCK, t, cand, c, base)
         for j in range(full, n):
-            v = e[j] + g[j]
-            e[j] = v
-            if abs(v) >= t:
-                if c < cap:
-                    cand[c] = j
-                c += 1
-        return c
+            e[j] = e[j] + g[j]
+        return _collect(e, full, n, t, cand, c, base)
+
+    @numba.njit(nogil=True, inline="always")
+    def _read_collect(x, t, cand, c, base):  # pragma: no cover - compiled
+        """:func:`_add_collect` without the add: only reads ``x``."""
+        n = x.shape[0]
+        full = n - n % _READ_BLOCK
+        for b in range(0, full, _READ_BLOCK):
+            hits = 0
+            for j in range(b, b + _READ_BLOCK):  # a count of the hits vectorises (a max reduction does not)
+                hits += abs(x[j]) >= t
+            if hits:
+                c = _collect(x, b, b + _READ_BLOCK, t, cand, c, base)
+        return _collect(x, full, n, t, cand, c, base)
+
+    @numba.njit(cache=True, nogil=True)
+    def _fused_pass(e, g, t, cand):  # pragma: no cover - compiled
+        return _add_collect(e, g, t, cand, 0, 0)
 
     @numba.njit(cache=True, nogil=True)
     def _select_pass(x, t, cand):  # pragma: no cover - compiled
-        n = x.shape[0]
-        cap = cand.shape[0]
+        return _read_collect(x, t, cand, 0, 0)
+
+    @numba.njit(cache=True, nogil=True)
+    def _momentum_pass(u, v, g, m, t, cand):  # pragma: no cover - compiled
+        """DGC's momentum correction in one pass: ``u = m u + g``, ``v += u`` (float32 ``m``: the product is
+        rounded before the sum, as NumPy's ``u *= m; u += g``), collecting the indices with ``|v| >= t``."""
+        n = v.shape[0]
         c = 0
         full = n - n % _BLOCK
         for b in range(0, full, _BLOCK):
             hits = 0
-            for j in range(b, b + _BLOCK):  # a count of the hits vectorises (a max reduction does not)
-                hits += abs(x[j]) >= t
+            for j in range(b, b + _BLOCK):
+                a = u[j] * m
+                a = a + g[j]
+                u[j] = a
+                w = v[j] + a
+                v[j] = w
+                hits += abs(w) >= t
             if hits:
-                for j in range(b, b + _BLOCK):
-                    if abs(x[j]) >= t:
-                        if c < cap:
-                            cand[c] = j
-                        c += 1
+                c = _collect(v, b, b + _BLOCK, t, cand, c, 0)
         for j in range(full, n):
-            if abs(x[j]) >= t:
-                if c < cap:
-                    cand[c] = j
-                c += 1
+            a = u[j] * m
+            a = a + g[j]
+            u[j] = a
+            v[j] = v[j] + a
+        return _collect(v, full, n, t, cand, c, 0)
+
+    @numba.njit(cache=True, nogil=True)
+    def _segments_fused_pass(e, g, starts, ends, thr, cand):  # pragma: no cover - compiled
+        """``e += g`` over the segments ``[starts[s], ends[s])`` (ascending, disjoint, covering ``e``),
+        collecting in each the indices with ``|e| >= thr[s]``: ascending, segment after segment."""
+        c = 0
+        for s in range(starts.shape[0]):
+            lo = starts[s]
+            hi = ends[s]
+            # on slices the loop indices start at 0: no negative-index wraparound, so the count vectorises
+            c = _add_collect(e[lo:hi], g[lo:hi], thr[s], cand, c, lo)
         return c
+
+    @numba.njit(cache=True, nogil=True)
+    def _segments_select_pass(x, starts, ends, thr, cand):  # pragma: no cover - compiled
+        """:func:`_segments_fused_pass` without the add: only reads ``x``."""
+        c = 0
+        for s in range(starts.shape[0]):
+            lo = starts[s]
+            hi = ends[s]
+            c = _read_collect(x[lo:hi], thr[s], cand, c, lo)
+        return c
+
+    @numba.njit(cache=True, nogil=True, boundscheck=True)  # indices from other ranks: an IndexError, as NumPy
+    def _scatter_sum_pass(out, clear, indices, values, bounds, scale, tmp):  # pragma: no cover - compiled
+        """The host ``scatter_sum`` in index loops without temporaries: ``out[clear] = 0``; block ``r``
+        (``indices[bounds[r]:bounds[r + 1]]``, distinct) adds its values; then, when ``tmp`` is not empty,
+        every touched entry becomes ``sum * scale``, read into ``tmp`` first (an index repeated across
+        blocks is then scaled once, as NumPy's ``out[indices] *= scale``)."""
+        for j in range(clear.shape[0]):
+            out[clear[j]] = 0
+        for r in range(bounds.shape[0] - 1):
+            for j in range(bounds[r], bounds[r + 1]):
+                i = indices[j]
+                out[i] = out[i] + values[j]
+        if tmp.shape[0]:
+            for j in range(indices.shape[0]):
+                tmp[j] = out[indices[j]] * scale
+            for j in range(indices.shape[0]):
+                out[indices[j]] = tmp[j]
 
     _HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - depends on the environment
@@ -111,6 +188,27 @@ class _Buffers:
 
 
 _buffers = _Buffers()
+
+
+def scatter_sum(out: np.ndarray, indices, values, counts, scale: float, clear) -> bool:
+    """The host ``scatter_sum`` (:func:`mpisparse.backend.scatter_sum`) by the compiled index loops: True
+    when it ran, False (nothing done) when not enabled or the arrays do not fit the loop (float32 ``out``
+    and ``values``, 1-D integer ``indices`` and ``clear``, a sparse scale)."""
+    if (not enabled() or clear is None or not isinstance(out, np.ndarray) or out.dtype != np.float32
+            or not isinstance(values, np.ndarray) or values.dtype != np.float32 or out.ndim != 1
+            or not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu"
+            or not isinstance(clear, np.ndarray) or clear.dtype.kind not in "iu" or len(indices) == 0):
+        return False
+    scaled = scale != 1.0
+    if scaled and not 2 * len(indices) < out.size:
+        return False  # NumPy scales the whole vector then
+    bounds = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(np.asarray(counts, dtype=np.int64), out=bounds[1:])
+    if bounds[-1] != len(indices) or len(values) != len(indices):
+        return False
+    tmp = np.empty(len(indices) if scaled else 0, dtype=np.float32)
+    _scatter_sum_pass(out, clear, indices, values, bounds, np.float32(scale), tmp)
+    return True
 
 
 def select_ge(x: np.ndarray, t, cap: int, idt):

@@ -18,6 +18,12 @@ function runs the plain NumPy steps (``e += g`` then ``topk_abs``).  Both
 return the same set of indices (the ``k`` largest ``|e + g|``; on exact
 ties any ``k`` of the tied entries, as ``topk_abs``) and leave the same
 residual, bit for bit (``tests/test_fused.py``).
+
+The same holds for the scheme-specific passes: :func:`compensate_threshold`
+(a fixed threshold), :func:`compensate_momentum` with :func:`narrow` (DGC's
+momentum correction and its candidates, ``tests/test_fused_dgc.py``) and
+:func:`compensate_segments_threshold` / :func:`segments_threshold` (a
+threshold per layer, DCT, ``tests/test_fused_dct.py``).
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from .compiled import _HAVE_NUMBA, _buffers, available, enabled, select_ge
 from .numpy_kernels import index_dtype
 
 if _HAVE_NUMBA:
-    from .compiled import _fused_pass
+    from .compiled import _fused_pass, _momentum_pass, _segments_fused_pass, _segments_select_pass
 
-__all__ = ["available", "compensate_candidates", "compensate_threshold", "compensate_topk", "enabled",
-           "select_ge", "topk_from_candidates"]
+__all__ = ["available", "compensate_candidates", "compensate_momentum", "compensate_segments_threshold",
+           "compensate_threshold", "compensate_topk", "enabled", "narrow", "segments_threshold", "select_ge",
+           "topk_from_candidates"]
 
 
 def _check(e, g) -> None:
@@ -81,16 +88,24 @@ def compensate_candidates(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, fus
     return cand[:c] if c <= cap else None
 
 
-def topk_from_candidates(e: np.ndarray, cand, k: int, *, rng=None, scratch=None) -> np.ndarray:
-    """The indices of the ``k`` largest ``|e|``: picked among ``cand`` when it holds at least ``k``,
-    else (``cand`` None or short: the threshold was too high) by ``topk_abs`` over all of ``e``."""
+def topk_from_candidates(e: np.ndarray, cand, k: int, *, rng=None, scratch=None,
+                         ascending: bool = False) -> np.ndarray:
+    """The indices of the ``k`` largest ``|e|``: picked among ``cand`` (ascending) when it holds at least
+    ``k``, else (``cand`` None or short: the threshold was too high) by ``topk_abs`` over all of ``e``.
+    ``ascending``: sorted (from the candidates by a mask, no sort)."""
     if cand is not None and cand.shape[0] >= k:
         c = cand.shape[0]
         if c == k:
             return cand.copy()
         vals = np.abs(e[cand])
-        return cand[np.argpartition(vals, c - k)[c - k:]]
-    return nk.topk_abs(e, k, scratch=scratch, rng=rng)
+        pick = np.argpartition(vals, c - k)[c - k:]
+        if not ascending:
+            return cand[pick]
+        keep = np.zeros(c, dtype=bool)
+        keep[pick] = True
+        return cand[keep]
+    idx = nk.topk_abs(e, k, scratch=scratch, rng=rng)
+    return np.sort(idx) if ascending else idx
 
 
 def compensate_threshold(e: np.ndarray, g: np.ndarray, t: float, *, scratch=None,
@@ -129,3 +144,112 @@ def compensate_topk(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, scratch=N
     :func:`compensate_candidates` then :func:`topk_from_candidates`."""
     cand = compensate_candidates(e, g, k, rng=rng, fused=fused)
     return topk_from_candidates(e, cand, k, rng=rng, scratch=scratch)
+
+
+def _use(fused) -> bool:
+    use = enabled() if fused is None else fused
+    if use and not _HAVE_NUMBA:
+        raise RuntimeError("fused=True needs numba (pip install mpisparse[fast])")
+    return use
+
+
+def compensate_momentum(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: float, t, cap: int, *,
+                        fused: bool | None = None):
+    """DGC's momentum correction in place, ``u = m u + g`` then ``v += u`` (``m`` rounded to the dtype,
+    the product rounded before the sum, as NumPy's ``u *= m; u += g; v += u``); returns the ascending
+    indices with ``|v| >= t`` found on the way (a copy), or None.
+
+    None when the plain NumPy steps ran (no numba, ``fused`` False, a small vector) or when more than
+    ``cap`` entries reached ``t``: ``u`` and ``v`` are updated either way, bit for bit the same.
+    """
+    _check(v, g)
+    _check(u, g)
+    n = v.shape[0]
+    m = v.dtype.type(momentum)
+    if not _use(fused) or n <= nk.SMALL_N:
+        u *= m
+        u += g
+        v += u
+        return None
+    cand = _buffers.get(max(int(cap), 1), index_dtype(n))
+    c = int(_momentum_pass(u, v, g, m, nk._ceil_to_dtype(t, v.dtype), cand))
+    return cand[:c].copy() if c <= cand.shape[0] else None
+
+
+def _segment_bounds(starts, sizes, n: int):
+    """``(starts, ends)`` as int64 arrays when the segments are ascending, contiguous and cover ``[0, n)``;
+    else None (then the plain per-segment steps run)."""
+    st = np.asarray(starts, dtype=np.int64)
+    en = st + np.asarray(sizes, dtype=np.int64)
+    if st.size == 0 or st[0] != 0 or en[-1] != n or np.any(st[1:] != en[:-1]) or np.any(en < st):
+        return None
+    return st, en
+
+
+def _plain_segments(x, st, sz, thr, scratch):
+    idt = index_dtype(x.shape[0])
+    parts = []
+    for o, s, t in zip(st, sz, thr):
+        o, s = int(o), int(s)
+        if s == 0:
+            continue
+        hit = nk.threshold_select(x[o:o + s], t, scratch=None if scratch is None else scratch[o:o + s])
+        if hit.size:
+            parts.append(hit.astype(idt, copy=False) + idt(o))
+    return np.concatenate(parts) if parts else np.empty(0, dtype=idt)
+
+
+def segments_threshold(x: np.ndarray, starts, sizes, thresholds, *, scratch=None,
+                       fused: bool | None = None) -> np.ndarray:
+    """The ascending indices ``i`` of ``x`` with ``|x[i]| >= thresholds[s]`` for the segment ``s``
+    (``[starts[s], starts[s] + sizes[s])``) holding ``i``: ``threshold_select`` segment by segment, the
+    parts concatenated (segments ascending). With the compiled loop, one read of ``x``."""
+    n = x.shape[0]
+    bounds = _segment_bounds(starts, sizes, n) if _use(fused) and n > nk.SMALL_N else None
+    if bounds is None:
+        return _plain_segments(x, starts, sizes, thresholds, scratch)
+    return _segments_collect(lambda cand: _segments_select_pass(x, *bounds, _thresholds(thresholds, x.dtype), cand),
+                             n, lambda: _plain_segments(x, starts, sizes, thresholds, scratch))
+
+
+def _thresholds(thresholds, dtype) -> np.ndarray:
+    return np.array([nk._ceil_to_dtype(t, dtype) for t in thresholds], dtype=dtype)
+
+
+def _segments_collect(run, n: int, again):
+    """Run a segmented candidate loop into the growing buffer; a count beyond it grows the buffer and
+    takes ``again()`` (the result of the read-only steps over the already compensated vector)."""
+    idt = index_dtype(n)
+    cap = max(_buffers.capacity(idt), 1024)
+    cand = _buffers.get(cap, idt)
+    c = int(run(cand))
+    if c <= cap:
+        return cand[:c].copy()
+    _buffers.get(2 * c, idt)  # room for next time
+    return again()
+
+
+def compensate_segments_threshold(e: np.ndarray, g: np.ndarray, starts, sizes, thresholds, *, scratch=None,
+                                  fused: bool | None = None) -> np.ndarray:
+    """``e += g`` in place, then :func:`segments_threshold` of ``e``; with the compiled loop, one pass."""
+    _check(e, g)
+    n = e.shape[0]
+    bounds = _segment_bounds(starts, sizes, n) if _use(fused) and n > nk.SMALL_N else None
+    if bounds is None:
+        e += g
+        return _plain_segments(e, starts, sizes, thresholds, scratch)
+    thr = _thresholds(thresholds, e.dtype)
+    return _segments_collect(lambda cand: _segments_fused_pass(e, g, *bounds, thr, cand), n,
+                             lambda: segments_threshold(e, starts, sizes, thresholds, scratch=scratch))
+
+
+def narrow(x: np.ndarray, idx, t_known, t):
+    """``threshold_select(x, t)`` taken from ``idx``, the ascending indices of every ``|x| >= t_known``
+    (:func:`compensate_momentum`'s result): the same indices, or None when ``idx`` may miss some
+    (``t`` below ``t_known``, NaN, or ``idx`` None)."""
+    if idx is None:
+        return None
+    tc = nk._ceil_to_dtype(t, x.dtype)
+    if not nk._ceil_to_dtype(t_known, x.dtype) <= tc:
+        return None
+    return idx[np.abs(x[idx]) >= tc]

@@ -75,7 +75,12 @@ class CollectiveScheme(SchemeBase):
     def output(self):
         """The scheme's reusable dense output vector, on the gradients' array module."""
         if self._out is None:
-            self._out = self.layout.zeros(xp=self.xp)
+            if self.xp is np:  # written out: a calloc'd vector maps its pages lazily, and a sparse step's
+                # scattered writes would then fault a page at a time over the first steps
+                self._out = np.empty(self.n, dtype=np.float32)
+                self._out.fill(0)
+            else:
+                self._out = self.layout.zeros(xp=self.xp)
         return self._out
 
     def use_array_module(self, xp) -> None:
@@ -111,7 +116,7 @@ class CollectiveScheme(SchemeBase):
     def _step(self, grad):
         raise NotImplementedError
 
-    def compensate_topk(self, grad, k: int):
+    def compensate_topk(self, grad, k: int, *, ascending: bool = False):
         """``acc`` (the compensated vector) and the indices of its ``k`` largest magnitudes, timed as
         ``compensate`` and ``select``.
 
@@ -119,7 +124,8 @@ class CollectiveScheme(SchemeBase):
         compensation and the candidate search are one fused pass over memory
         (:mod:`mpisparse.backend.fused`; ``compensate`` then also holds the
         candidate search, ``select`` the exact pick among the candidates).
-        Otherwise the two plain steps.  The same index set and residual either way.
+        Otherwise the two plain steps.  The same index set and residual either way; ``ascending``:
+        the indices sorted.
         """
         from ..backend import fused
 
@@ -130,13 +136,14 @@ class CollectiveScheme(SchemeBase):
                     mem.residual = np.zeros_like(grad)
                 cand = fused.compensate_candidates(mem.residual, grad, k)
             with self.phase("select"):  # (no full-size scratch: a missed estimate uses a chunk buffer)
-                return mem.residual, fused.topk_from_candidates(mem.residual, cand, k)
+                return mem.residual, fused.topk_from_candidates(mem.residual, cand, k, ascending=ascending)
         if self._scratch is None:
             self._scratch = self.xp.empty(self.n, dtype=grad.dtype)
         with self.phase("compensate"):
             acc = mem.compensate(grad)
         with self.phase("select"):
-            return acc, backend.topk_abs(acc, k, scratch=self._scratch)
+            idx = backend.topk_abs(acc, k, scratch=self._scratch)
+            return acc, (backend.array_module(idx).sort(idx) if ascending else idx)
 
     def selected_global(self) -> int:
         """Distinct indices selected over all ranks in the last step."""

@@ -203,6 +203,24 @@ class DCT(SparseGatherScheme):
         self.local_count = 0
         self._scratch = None
 
+    def compensate_select(self, grad):
+        """Between recomputations (tau known): Alg. 1 l.2 and l.9 in one fused pass where possible
+        (:func:`mpisparse.backend.fused.compensate_segments_threshold`, the same indices and error)."""
+        from ..backend import fused
+
+        mem = self.memory
+        due = self.taus is None or recompute_due(self.iteration, self.lifespan)
+        if due or not mem.in_place or not isinstance(grad, np.ndarray) or not fused.enabled():
+            return super().compensate_select(grad)
+        with self.phase("compensate"):
+            if mem.residual is None:
+                mem.residual = np.zeros_like(grad)
+            self.recomputed = False  # Alg. 1 l.7, tau from iteration k - 1
+            idx = fused.compensate_segments_threshold(mem.residual, grad, self.layout.offsets, self.layout.sizes,
+                                                      self.taus)
+        self.local_count = int(idx.size)
+        return mem.residual, idx
+
     def select(self, acc) -> np.ndarray:
         # Alg. 1 l.2 happened in compensate(): acc = W_grad + E_grad
         xp = backend.array_module(acc)
@@ -215,6 +233,12 @@ class DCT(SparseGatherScheme):
                          for i, k in enumerate(self.layer_k)]
             self.recomputed_at.append(self.iteration)
         # else: Alg. 1 l.7, tau from iteration k - 1
+        if xp is np:  # Alg. 1 l.9 in every layer: one compiled pass with numba, else the loop below
+            from ..backend import fused
+
+            idx = fused.segments_threshold(acc, lay.offsets, lay.sizes, self.taus, scratch=self._scratch)
+            self.local_count = int(idx.size)
+            return idx
         idt = backend.index_dtype(self.n)
         parts = []
         for i, slot in enumerate(lay.layers):

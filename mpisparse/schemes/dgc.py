@@ -86,6 +86,12 @@ LOWER = 0.8
 LOWERING_FACTOR = 0.5
 #: Lowerings before falling back to the exact top k of the whole vector.
 MAX_LOWERINGS = 4
+#: The fused momentum pass collects ``|v| >= HINT_FACTOR * t`` with ``t`` this step's sampled threshold
+#: extrapolated from the last two (their ratio, within [1, 2]: the threshold grows while ``v`` builds up):
+#: a superset of this step's first candidates unless the guess was too high.
+HINT_FACTOR = 0.9
+#: ... into a buffer of ``HINT_CAP * k + 1024`` indices (more: the threshold pass runs instead).
+HINT_CAP = 16
 #: Density at the first warm-up iteration (the paper's 75 % sparsity).
 WARMUP_START_DENSITY = 0.25
 
@@ -141,15 +147,18 @@ class Selection:
     candidates: int  # entries |v| >= threshold at that threshold
     lowerings: int  # threshold lowerings done
     path: str  # "accept" | "trim" | "topk" (fallback) | "all"
+    sampled: float = 0.0  # step 5's threshold, before any lowering (0 when everything is sent)
 
 
-def refine_selection(v, k: int, threshold: float, *, rng=None, scratch=None) -> Selection:
+def refine_selection(v, k: int, threshold: float, *, rng=None, scratch=None, first=None) -> Selection:
     """Adjust a threshold toward ``k`` selected entries of ``|v|`` (Alg. step 6).
 
     Applies :func:`adjust_rule` repeatedly: accept the candidates
     ``|v| >= t``, trim them to their exact top ``k``, or multiply ``t`` by
     :data:`LOWERING_FACTOR` and try again, at most :data:`MAX_LOWERINGS`
-    times; then fall back to the exact top ``k`` of ``v``.
+    times; then fall back to the exact top ``k`` of ``v``.  ``first``: the
+    candidates ``|v| >= threshold`` (ascending) when already known (the fused
+    momentum pass collects them), instead of the first threshold pass.
     """
     n = v.shape[0]
     if k >= n:
@@ -157,7 +166,10 @@ def refine_selection(v, k: int, threshold: float, *, rng=None, scratch=None) -> 
     t = float(threshold)
     lowerings = 0
     while True:
-        cand = backend.threshold_select(v, t, scratch=scratch)
+        if first is not None:
+            cand, first = first, None
+        else:
+            cand = backend.threshold_select(v, t, scratch=scratch)
         c = int(cand.shape[0])
         action = adjust_rule(c, k)
         if action == "accept":
@@ -172,17 +184,30 @@ def refine_selection(v, k: int, threshold: float, *, rng=None, scratch=None) -> 
         lowerings += 1
 
 
-def dgc_select(v, k: int, rng, sample_fraction: float, *, scratch=None) -> Selection:
+def dgc_select(v, k: int, rng, sample_fraction: float, *, scratch=None, superset=None) -> Selection:
     """DGC's selection on ``|v|``: sampled threshold (step 5), then adjusted (step 6).
 
     Deterministic given ``rng``'s state: the scheme seeds it with
     ``(seed, rank, iteration)``, so a reference can reproduce the selection.
+    ``superset``: ``(t_c, idx)``, the ascending indices of every ``|v| >= t_c``
+    (or None), known from the fused momentum pass; when the sampled threshold
+    is at least ``t_c`` its candidates are taken from them instead of a pass
+    over ``v`` (the same indices); else the compiled threshold pass finds them.
     """
     n = v.shape[0]
     if k >= n:
         return refine_selection(v, k, 0.0)
     t0 = backend.estimate_threshold(v, k, sample=sample_fraction, rng=rng)  # Alg. step 5
-    return refine_selection(v, k, t0, rng=rng, scratch=scratch)  # Alg. step 6
+    first = None
+    if superset is not None:
+        from ..backend import fused
+
+        first = fused.narrow(v, superset[1], superset[0], t0)
+        if first is None:  # the guess missed: the compiled threshold pass (threshold_select's indices)
+            first = fused.segments_threshold(v, [0], [n], [t0], scratch=scratch)
+    sel = refine_selection(v, k, t0, rng=rng, scratch=scratch, first=first)  # Alg. step 6
+    sel.sampled = t0
+    return sel
 
 
 def sampler(seed: int, rank: int, iteration: int) -> np.random.Generator:
@@ -297,6 +322,7 @@ class DGC(SparseGatherScheme):
         self._last: Selection | None = None
         self._last_k = self.k
         self._last_density = self.density
+        self._hints: list[float] = []  # the last two sampled thresholds: speed only, never the result
 
     # ------------------------------------------------------------ pieces
     def density_at(self, iteration: int) -> float:
@@ -317,10 +343,17 @@ class DGC(SparseGatherScheme):
                 if scale != 1.0:
                     g = self._scratch
                     xp.multiply(grad, grad.dtype.type(scale), out=g)
-            v = self.memory.compensate(g)  # Alg. steps 3-4 (reads g before select reuses scratch)
+            superset = self._fused_compensate(g, k)  # Alg. steps 3-4 in one pass, where it can be
+            if superset is None:
+                v = self.memory.compensate(g)  # Alg. steps 3-4 (reads g before select reuses scratch)
+            else:
+                v = self.memory.v
         with self.phase("select"):
             rng = sampler(self.seed, self.comm.rank, self.iteration)
-            sel = dgc_select(v, k, rng, self.opts["sample_fraction"], scratch=self._scratch)  # steps 5-6
+            sel = dgc_select(v, k, rng, self.opts["sample_fraction"], scratch=self._scratch,  # steps 5-6
+                             superset=superset)
+            if sel.path != "all":
+                self._hints = [*self._hints[-1:], sel.sampled]
             idx = sel.indices
             vals = v[idx]
         with self.phase("exchange_indices"):  # Alg. step 7
@@ -329,11 +362,42 @@ class DGC(SparseGatherScheme):
             all_vals, _ = self.comm.allgatherv(vals, counts)
         with self.phase("update"):
             self.memory.update(v, idx)  # Alg. step 8
+            fresh = self._out is None
             out = self.output()
-            scatter_sum(out, all_idx, all_vals, counts, 1.0 / W)  # Alg. step 7: mean
+            # the output holds only the last step's indices: zero those, not the whole vector
+            clear = all_idx[:0] if fresh else getattr(self, "_last_indices", None)  # fresh: made zero
+            scatter_sum(out, all_idx, all_vals, counts, 1.0 / W, clear=clear)  # Alg. step 7: mean
         self._last_indices = all_idx
         self._last, self._last_k, self._last_density = sel, k, density
         return out
+
+    def _guess(self) -> float:
+        """The fused pass's candidate threshold ``t_c`` (``inf``: collect nothing, no usable history)."""
+        h = [t for t in self._hints if t > 0 and math.isfinite(t)]
+        if len(h) < len(self._hints) or not h:
+            return math.inf
+        growth = min(2.0, max(1.0, h[-1] / h[0]))
+        return HINT_FACTOR * h[-1] * growth
+
+    def _fused_compensate(self, g, k: int):
+        """Alg. steps 3-4 as one compiled pass over ``u``, ``v`` and ``g`` that also collects the entries
+        ``|v| >= t_c``: ``(t_c, candidates)`` for :func:`dgc_select`, or None when the plain steps must run
+        (nothing changed then).
+
+        ``t_c`` is a guess of step 5's threshold (:meth:`_guess`; step 5 samples the new ``v``, known only
+        after the pass).  When step 5's threshold is at least ``t_c`` the candidates
+        hold every entry it admits and the threshold pass is skipped; else (or when more than the buffer
+        holds reach ``t_c``: ``candidates`` None) that pass runs.  The result never depends on the guess.
+        """
+        from ..backend import fused
+
+        mem = self.memory
+        u, v = mem.u, mem.v
+        if (not mem.accumulate or u is None or v is None or not fused.enabled() or not isinstance(g, np.ndarray)
+                or not (u.dtype == v.dtype == g.dtype) or g.dtype.kind != "f" or not 0 < k < self.n):
+            return None
+        t_c = self._guess()
+        return t_c, fused.compensate_momentum(u, v, g, mem.momentum, t_c, HINT_CAP * k + 1024)
 
     # ------------------------------------------------------------ reports
     def diagnostics(self) -> dict[str, float]:

@@ -105,7 +105,9 @@ def merge_sets(idx_a, vals_a, idx_b, vals_b):
     xp = backend.array_module(idx_a)
     idx = xp.concatenate((idx_a, idx_b))
     vals = xp.concatenate((vals_a, vals_b))
-    order = xp.argsort(idx)  # equal indices come in pairs whose sum is symmetric: any order of the pair
+    # equal indices come in pairs whose sum is symmetric: any order of the pair. On the host a stable sort:
+    # two ascending runs, one merge (timsort) instead of a full sort
+    order = xp.argsort(idx, kind="stable") if xp is np else xp.argsort(idx)
     idx = idx[order]
     vals = vals[order]
     if idx.size < 2:
@@ -213,10 +215,9 @@ class GTopK(Scheme):
     def _step(self, grad):
         comm, k = self.comm, self.k
         idt = backend.index_dtype(self.n)
-        acc, local = self.compensate_topk(grad, k)  # steps 1 and 2
+        acc, local = self.compensate_topk(grad, k, ascending=True)  # steps 1 and 2
         with self.phase("select"):
-            xp = backend.array_module(acc)
-            local = xp.sort(local).astype(idt, copy=False)
+            local = local.astype(idt, copy=False)
             idx, vals = local, acc[local].astype(_VAL_DTYPE, copy=False)
         for kind, peer in doubling_schedule(comm.rank, comm.size):
             if kind == "fold_send":  # step 3 (sender), then step 5 (receive the result)

@@ -1,0 +1,72 @@
+"""DCT's fused segmented threshold pass (one compiled pass, a threshold per layer) against the plain NumPy steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import SelfComm
+from mpisparse.backend import fused
+from mpisparse.backend import numpy_kernels as nk
+from mpisparse.fusion import FusionLayout
+from mpisparse.schemes import create
+
+needs_numba = pytest.mark.skipif(not fused.available(), reason="numba is not installed (pip install mpisparse[fast])")
+
+
+def _vecs(n, seed):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(n) * s).astype(np.float32) for s in (0.3, 1.0, 1.0)]
+
+
+LAYOUT = FusionLayout([("a", (300, 400)), ("b", (1000,)), ("c", (50, 30)), ("d", (7,))])
+
+
+# ------------------------------------------------------------ DCT: per-layer thresholds in one pass
+
+SEGS = ([0, 70_000, 70_000, 70_050, 150_000], [70_000, 0, 50, 79_950, 30_001])  # with an empty segment
+
+
+@needs_numba
+@pytest.mark.parametrize("thr", [[1.0, 0.5, 0.1, 2.0, 3.0], [0.0, np.inf, np.nan, 1.5, 10.0]])
+def test_segmented_threshold_passes_are_the_per_segment_selection(thr):
+    n = 180_001
+    e1, g = _vecs(n, 7)[:2]
+    e1[3] = np.nan
+    e2 = e1.copy()
+    plain = fused.compensate_segments_threshold(e1, g, *SEGS, thr, fused=False)
+    fast = fused.compensate_segments_threshold(e2, g, *SEGS, thr, fused=True)
+    assert np.array_equal(e1, e2, equal_nan=True) and np.array_equal(plain, fast)
+    ref = np.concatenate([nk.threshold_select(e1[o:o + s], t) + o for o, s, t in zip(*SEGS, thr)])
+    assert np.array_equal(fast, ref.astype(fast.dtype))
+    assert np.array_equal(fused.segments_threshold(e1, *SEGS, thr, fused=True), ref)
+    assert np.array_equal(fused.segments_threshold(e1, *SEGS, thr, fused=False), ref)
+
+
+@needs_numba
+def test_segmented_pass_beyond_its_buffer_and_with_gaps():
+    n = 180_001
+    x = _vecs(n, 8)[1]
+    ref = nk.threshold_select(x, 0.0)  # every entry: more than the buffer holds the first time
+    assert np.array_equal(fused.segments_threshold(x, [0], [n], [0.0], fused=True), ref)
+    assert np.array_equal(fused.segments_threshold(x, [0], [n], [0.0], fused=True), ref)  # the grown buffer
+    gap = fused.segments_threshold(x, [0, 100_000], [50_000, 80_001], [1.0, 1.0], fused=True)  # not a cover
+    assert np.array_equal(gap, np.concatenate([nk.threshold_select(x[:50_000], 1.0),
+                                               nk.threshold_select(x[100_000:], 1.0) + 100_000]))
+
+
+@needs_numba
+@pytest.mark.parametrize("lifespan", [1, 2, 1000])
+def test_dct_gives_the_same_steps_fused_and_plain(lifespan, monkeypatch):
+    grads = [_vecs(LAYOUT.n, seed=s)[2] for s in range(5)]
+
+    def run(flag):
+        monkeypatch.setenv("MPISPARSE_FUSED", flag)
+        sch = create("dct", SelfComm(), LAYOUT, 0.01, seed=0, lifespan=lifespan)
+        outs = [(sch.step(g.copy()).copy(), sch.local_count, sch.recomputed) for g in grads]
+        return outs, sch.memory.residual.copy(), list(sch.recomputed_at)
+
+    plain, fast = run("0"), run("1")
+    for (a, ca, ra), (b, cb, rb) in zip(plain[0], fast[0]):
+        assert np.array_equal(a, b) and ca == cb and ra == rb
+    assert np.array_equal(plain[1], fast[1]) and plain[2] == fast[2]

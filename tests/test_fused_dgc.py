@@ -1,0 +1,99 @@
+"""DGC's fused momentum pass (``u = m u + g; v += u`` and the candidates of ``|v|``) against the plain NumPy steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import SelfComm
+from mpisparse.backend import fused
+from mpisparse.backend import numpy_kernels as nk
+from mpisparse.fusion import FusionLayout
+from mpisparse.schemes import create
+
+needs_numba = pytest.mark.skipif(not fused.available(), reason="numba is not installed (pip install mpisparse[fast])")
+
+
+def _vecs(n, seed):
+    rng = np.random.default_rng(seed)
+    return [(rng.standard_normal(n) * s).astype(np.float32) for s in (0.3, 1.0, 1.0)]
+
+
+@needs_numba
+@pytest.mark.parametrize("m", [0.9, 0.0, 0.37])
+@pytest.mark.parametrize("t", [0.0, 2.5, float("nan")])
+def test_momentum_pass_is_the_numpy_steps(m, t):
+    n = 200_003
+    u1, v1, g = _vecs(n, 5)
+    u1[7] = np.nan
+    u2, v2 = u1.copy(), v1.copy()
+    u1 *= m  # the scheme's plain memory: a Python float momentum
+    u1 += g
+    v1 += u1
+    got = fused.compensate_momentum(u2, v2, g, m, t, n, fused=True)
+    assert np.array_equal(u1, u2, equal_nan=True) and np.array_equal(v1, v2, equal_nan=True)  # bit for bit
+    assert np.array_equal(got, nk.threshold_select(v1, t))
+    u3, v3 = u2.copy(), v2.copy()
+    assert fused.compensate_momentum(u3, v3, g, m, 0.0, 10, fused=True) is None  # more than the buffer holds
+    u2 *= np.float32(m)
+    u2 += g
+    v2 += u2
+    assert np.array_equal(u2, u3, equal_nan=True) and np.array_equal(v2, v3, equal_nan=True)
+
+
+def test_momentum_plain_path_without_the_compiled_loop():
+    u, v, g = _vecs(1000, 1)
+    ref_u = u * np.float32(0.5) + g
+    ref_v = v + ref_u
+    assert fused.compensate_momentum(u, v, g, 0.5, 1.0, 10, fused=False) is None
+    assert np.array_equal(u, ref_u) and np.array_equal(v, ref_v)
+
+
+@pytest.mark.parametrize("t_known,t", [(1.0, 2.0), (2.0, 2.0), (2.0, 1.0), (1.0, float("nan")), (float("inf"), 3.0)])
+def test_narrow_is_threshold_select_or_none(t_known, t):
+    x = _vecs(100_000, 2)[1]
+    got = fused.narrow(x, nk.threshold_select(x, t_known), t_known, t)
+    if t_known <= t:
+        assert np.array_equal(got, nk.threshold_select(x, t))
+    else:
+        assert got is None
+    assert fused.narrow(x, None, 1.0, 2.0) is None
+
+
+LAYOUT = FusionLayout([("a", (300, 400)), ("b", (1000,)), ("c", (50, 30)), ("d", (7,))])
+
+
+@needs_numba
+@pytest.mark.parametrize("opts,density", [({}, 0.01), ({"clip_norm": 1.0, "momentum": 0.5}, 0.003),
+                                          ({"density_warmup_iters": 3}, 0.01), ({"sample_fraction": 0.5}, 0.2),
+                                          ({}, 1.0)])
+def test_dgc_gives_the_same_steps_fused_and_plain(opts, density, monkeypatch):
+    grads = [_vecs(LAYOUT.n, seed=s)[2] for s in range(5)]
+    grads[3][::3] *= 40  # a jump in the gradients: the threshold of the sample misses, the band adjusts
+
+    def run(flag):
+        monkeypatch.setenv("MPISPARSE_FUSED", flag)
+        sch = create("dgc", SelfComm(), LAYOUT, density, seed=0, **opts)
+        outs, paths = [], []
+        for g in grads:
+            outs.append(sch.step(g.copy()).copy())
+            paths.append(sch._last.path)
+        return outs, paths, sch.memory.u.copy(), sch.memory.v.copy()
+
+    plain, fast = run("0"), run("1")
+    for a, b in zip(plain[0], fast[0]):
+        assert np.array_equal(a, b)
+    assert plain[1] == fast[1]
+    assert np.array_equal(plain[2], fast[2]) and np.array_equal(plain[3], fast[3])
+
+
+@pytest.mark.parametrize("t,path", [(0.5, "trim"), (2.5, "accept"), (3.5, "trim"), (100.0, "topk")])
+def test_refine_selection_from_known_candidates_is_the_plain_refinement(t, path):
+    from mpisparse.schemes.dgc import refine_selection
+
+    v = _vecs(50_000, 4)[1]
+    a = refine_selection(v, 600, t, rng=np.random.default_rng(1))
+    b = refine_selection(v, 600, t, rng=np.random.default_rng(1), first=nk.threshold_select(v, t))
+    assert a.path == path and (a.lowerings > 0) == (t > 3)
+    assert (a.path, a.threshold, a.candidates, a.lowerings) == (b.path, b.threshold, b.candidates, b.lowerings)
+    assert np.array_equal(a.indices, b.indices)
