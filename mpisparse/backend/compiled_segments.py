@@ -19,8 +19,9 @@ segments (no NumPy call per segment):
    sampled top-k plus a margin of about 2 standard deviations: a retry costs
    one more read of one segment, a candidate a scan of its block);
 2. one pass over the segment in blocks of 64: a block's hits
-   (``key >= threshold``) are counted first (an integer count, which
-   vectorises) and collected, position and key, only when there are any;
+   (``key >= threshold``) become a 64-bit mask in one vectorised loop, and
+   each set bit is collected, position and key, by its de Bruijn index (a
+   hit costs a few instructions, not a scan of its block);
 3. fewer than ``k_i`` candidates (the margin makes that rare): the rank is
    raised from the same sorted sample and the pass repeated; after
    ``max_retries`` passes the threshold is 0 (every entry a candidate);
@@ -43,6 +44,12 @@ __all__ = ["compensate_norms", "segment_topk"]
 
 #: elements per block of the candidate pass (its hits are counted before any is collected)
 _BLOCK = 64
+#: de Bruijn sequence for the position of a 64-bit word's lowest set bit: ``_DEBRUIJN[(low * MUL) >> 58]``
+_DEBRUIJN_MUL = np.uint64(0x03F79D71B4CB0A89)
+_DEBRUIJN = np.zeros(64, dtype=np.int64)
+for _i in range(64):
+    _DEBRUIJN[int((((1 << _i) * 0x03F79D71B4CB0A89) & 0xFFFFFFFFFFFFFFFF) >> 58)] = _i
+del _i
 #: adjacent keys per sample run (16 float32 = one 64-byte cache line): the sample's cost is its cache misses
 _RUN = 16
 
@@ -52,26 +59,30 @@ try:  # optional: the compiled loop
     @numba.njit(cache=True, nogil=True)
     def _collect(xu, a, n, t, mask, cand, ckey):  # pragma: no cover - compiled
         """Positions and keys of ``key >= t`` in ``xu[a:a + n]`` into the buffers; returns the count (may
-        exceed the buffers: then only the count is exact)."""
+        exceed the buffers: then only the count is exact).
+
+        Per block of 64 a bit mask of the hits (one vectorised loop over a block slice of constant length),
+        then one step per set bit (its position by a de Bruijn multiply): a hit costs a few instructions,
+        not a scan of its block."""
         cap = cand.shape[0]
         c = 0
+        one = np.uint64(1)
         nb = n // _BLOCK
         for bi in range(nb):
             b = a + bi * _BLOCK
-            blk = xu[b:b + _BLOCK]  # a block slice with a constant trip count: the count vectorises
-            hits = 0
+            blk = xu[b:b + _BLOCK]
+            bits = np.uint64(0)
             for j in range(_BLOCK):
-                hits += (blk[j] & mask) >= t
-            if hits:
-                for j in range(_BLOCK):
-                    kk = blk[j] & mask
-                    if kk >= t:
-                        if c < cap:
-                            cand[c] = b + j
-                            ckey[c] = kk
-                        c += 1
-        full = a + nb * _BLOCK
-        for j in range(full, a + n):
+                bits |= np.uint64((blk[j] & mask) >= t) << np.uint64(j)
+            while bits:
+                low = bits & (~bits + one)
+                j = _DEBRUIJN[(low * _DEBRUIJN_MUL) >> np.uint64(58)]
+                bits ^= low
+                if c < cap:
+                    cand[c] = b + j
+                    ckey[c] = blk[j] & mask
+                c += 1
+        for j in range(a + nb * _BLOCK, a + n):
             kk = xu[j] & mask
             if kk >= t:
                 if c < cap:
