@@ -137,11 +137,16 @@ def test_deft_breakdown_claims():
 
 
 def test_deft_speedup_claims():
-    rows = [{"world_size": w, "speedup_measured": s} for w, s in ((1, 0.9), (2, 2.1), (4, 4.5))]
+    rows = [{"world_size": w, "speedup_measured": s} for w, s in ((1, 0.9), (2, 2.5), (4, 4.5))]
     inc, lin = deft_speedup.evaluate(rows)
-    assert inc.holds is True and lin.holds is True and "1.05 W (W=2)" in lin.measured
+    assert inc.holds is True and lin.holds is True and "1.25 W (W=2)" in lin.measured
     rows[2]["speedup_measured"] = 3.0
     assert deft_speedup.evaluate(rows)[1].holds is False
+    rows[2]["speedup_measured"] = 4.2  # 4.2 vs W=4: within 10%, too close to call
+    assert deft_speedup.evaluate(rows)[1].verdict == "noise"
+    rows[2]["speedup_measured"] = 2.6  # 2.5 -> 2.6: not a clear increase, and no clear fall
+    inc = deft_speedup.evaluate(rows)[0]
+    assert inc.verdict == "noise" and "W=2 -> 4: 2.50x -> 2.60x, within the noise band" in inc.note
 
 
 def _cltk_run(w, lr, beta, cos, ham):
@@ -304,6 +309,21 @@ def test_time_verdicts_use_medians_and_a_noise_margin():
     assert claims_summary([rep]) == "claims: 1 hold, 1 do not, 1 within noise, 0 not comparable (3 in all)"
 
 
+def test_the_noise_band_widens_with_the_repeats_spread():
+    from mpisparse.reproduce.base import all_hold, spread, time_verdict
+
+    assert spread([1.0, 1.1, 9.0]) == pytest.approx(0.1) and spread([5.0]) == 0.0  # one outlier does not widen it
+    quiet = time_verdict([3.3, 3.4, 3.35], [3.9, 4.0, 3.95])  # 15% apart, repeats agree: judged
+    assert quiet.holds is True and quiet.band == pytest.approx(0.395)
+    noisy = time_verdict([3.3, 6.0, 4.4], [3.3, 4.3, 3.9])  # 13% apart, but the repeats disagree by more
+    assert noisy.holds is None and noisy.within_noise and noisy.band == pytest.approx(2 * (1.1 + 0.4))
+    assert time_verdict([6.0, 6.2, 5.9], [3.9, 4.0, 4.1]).holds is False  # 50% above, repeats close: "no"
+    assert "differ by 0.6, noise band 0.4" in quiet.text()
+    yes, no, close = time_verdict(1, 2), time_verdict(2, 1), time_verdict(1, 1.05)
+    assert all_hold([yes, yes]) is True and all_hold([yes, no]) is False and all_hold([yes, close]) is None
+    assert all_hold([close, no]) is False and all_hold([]) is None
+
+
 def test_deft_breakdown_takes_medians_of_repeated_jobs_and_calls_close_times_noise():
     def job(deft_select):
         return deft_breakdown.breakdown_rows([_res("topk", 2, 0.002, **_phases(0.04, 0.01, 0.01, 0.07)),
@@ -313,7 +333,7 @@ def test_deft_breakdown_takes_medians_of_repeated_jobs_and_calls_close_times_noi
     assert rows[2]["select"] == pytest.approx(21.0) and len(rows[2]["select_samples"]) == 3
     assert rows[2]["selection"] == pytest.approx(21.0)  # no compensate phase in these rows
     sel = deft_breakdown.evaluate(rows)[0]
-    assert sel.holds is True and not sel.within_noise and "holds = median" in sel.note
+    assert sel.holds is True and not sel.within_noise and "holds = the median of a below each of topk, cltk" in sel.note
     rows = deft_breakdown.median_rows([job(0.0295)])  # 29.5 ms vs cltk's 30 ms
     sel = deft_breakdown.evaluate(rows)[0]
     assert sel.holds is None and sel.within_noise and sel.verdict == "noise"
