@@ -146,7 +146,30 @@ def test_deft_speedup_claims():
     assert deft_speedup.evaluate(rows)[1].verdict == "noise"
     rows[2]["speedup_measured"] = 2.6  # 2.5 -> 2.6: not a clear increase, and no clear fall
     inc = deft_speedup.evaluate(rows)[0]
-    assert inc.verdict == "noise" and "W=2 -> 4: 2.50x -> 2.60x, within the noise band" in inc.note
+    assert inc.verdict == "noise" and "W=2 -> 4: 2.50x -> 2.60x, a rise of 1.04x within the noise band" in inc.note
+
+
+def test_deft_speedup_pairs_the_jobs_so_the_topk_calls_noise_cancels():
+    """Each job divides every W's DEFT time into the same top-k time: the rise from W to W' is judged job by job.
+
+    The numbers are one recorded quick run's W=1 and W=2 (three jobs): unpaired, the speedups' spread (0.42 to
+    0.50 at W=1, mostly the top-k call's) swallows a 15% rise; paired, every job rises by 15-27%."""
+    def row(w, topk, deft, imb=1.0):
+        sp = [t / d for t, d in zip(topk, deft)]
+        return {"world_size": w, "speedup_measured": sorted(sp)[1], "speedup_measured_samples": sp,
+                "imbalance": imb, "imbalance_samples": [imb] * 3}
+
+    topk = [12.43, 13.8, 12.77]
+    rows = [row(1, topk, [26.96, 27.5, 30.45]), row(2, topk, [23.49, 22.14, 24.03], 1.03)]
+    from mpisparse.reproduce.base import time_verdict
+
+    assert time_verdict(rows[0]["speedup_measured_samples"], rows[1]["speedup_measured_samples"]).holds is None
+    inc = deft_speedup.evaluate(rows)[0]
+    assert inc.verdict == "yes" and "W=1 -> 2 1.24, band 0.12" in inc.note
+    rows[1]["speedup_measured_samples"] = [0.48, 0.62, 0.43]  # rises of 3%, 4% and 24%: median 4%, within noise
+    assert deft_speedup.evaluate(rows)[0].verdict == "noise"
+    rows[1]["speedup_measured_samples"] = [0.40, 0.44, 0.37]  # every job falls by 12-13%
+    assert deft_speedup.evaluate(rows)[0].verdict == "no"
 
 
 def _cltk_run(w, lr, beta, cos, ham):
