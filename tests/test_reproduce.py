@@ -356,7 +356,7 @@ def test_deft_breakdown_takes_medians_of_repeated_jobs_and_calls_close_times_noi
     assert rows[2]["select"] == pytest.approx(21.0) and len(rows[2]["select_samples"]) == 3
     assert rows[2]["selection"] == pytest.approx(21.0)  # no compensate phase in these rows
     sel = deft_breakdown.evaluate(rows)[0]
-    assert sel.holds is True and not sel.within_noise and "holds = the median of a below each of topk, cltk" in sel.note
+    assert sel.holds is True and not sel.within_noise and "holds = the median of DEFT's time below each of topk, cltk" in sel.note
     rows = deft_breakdown.median_rows([job(0.0295)])  # 29.5 ms vs cltk's 30 ms
     sel = deft_breakdown.evaluate(rows)[0]
     assert sel.holds is None and sel.within_noise and sel.verdict == "noise"

@@ -171,7 +171,7 @@ NOT_TIMED = ("not judged: run with --no-timing (a shared or busy machine), so no
 
 
 def time_claim(source: str, claim: str, paper: str, measured: str, a, b, *, note: str = "",
-               margin: float = TIME_MARGIN) -> Claim:
+               margin: float = TIME_MARGIN, a_name: str = "a") -> Claim:
     """A :class:`Claim` whose rule is "time ``a`` < time ``b``" with a noise band (:func:`time_verdict`).
 
     ``b`` may be a dict of named repeats (``{"topk": [...], "cltk": [...]}``):
@@ -181,7 +181,7 @@ def time_claim(source: str, claim: str, paper: str, measured: str, a, b, *, note
     verdicts = {name: time_verdict(a, x, margin=margin) for name, x in bs.items()}
     holds = all_hold(list(verdicts.values()))
     judged = "; ".join((f"against {name} " if name else "") + v.text() for name, v in verdicts.items())
-    rule = (f"holds = the median of a below {'each of ' + ', '.join(bs) if len(bs) > 1 else 'b'} by more than "
+    rule = (f"holds = the median of {a_name} below {'each of ' + ', '.join(bs) if len(bs) > 1 else 'b'} by more than "
             f"the noise band, 'no' if {'any is' if len(bs) > 1 else 'it is'} clearly above; "
             f"{noise_rule(margin)}. Here: {judged}")
     return Claim(source, claim, paper, measured, holds, note=f"{note}; {rule}" if note else rule,

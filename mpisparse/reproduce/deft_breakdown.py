@@ -87,7 +87,7 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list:
             "DEFT's selection bar far below CLT-k's and Top-k's (16 GPUs; figure, no numbers in the text)",
             "compensate + select: " + ", ".join(f"{s} {v:.2f} ms" for s, v in sel.items())
             + f" (W={by['deft']['W']})",
-            _samples(by["deft"], "selection"), _others(by, "selection"),
+            _samples(by["deft"], "selection"), _others(by, "selection"), a_name="DEFT's time",
             note="compared: compensate + select, because the fused pass of topk and the CLT-k leader "
                  "(mpisparse/backend/fused.py) collects its top-k candidates inside compensate. "
                  "DEFT's select is the layer norms (every rank, a pass over the WHOLE vector) + Alg. 3/4 + its "
@@ -102,7 +102,7 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list:
                                 "(Top-k's cost log(n)a + 2(n-1)k b, with k reduced to max_i sum_x k_x in DEFT).",
             "DEFT's communication bar below CLT-k's and Top-k's",
             ", ".join(f"{s} {v:.2f} ms / {byt[s]:,.0f} B" for s, v in com.items()),
-            _samples(by["deft"], "communication"), _others(by, "communication"),
+            _samples(by["deft"], "communication"), _others(by, "communication"), a_name="DEFT's time",
             note="communication = exchange_indices + exchange_values (max over ranks); on one machine it "
                  "also holds the wait for the slowest rank's selection. DEFT sends "
                  f"{byt['deft'] / max(byt['topk'], 1):.2f}x top-k's bytes and {byt['deft'] / max(byt['cltk'], 1):.2f}x "
@@ -116,7 +116,7 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list:
             "Fig. 7, Sec. 6", "DEFT provides a remarkable training efficiency owing to its reduced computational "
                               "and communication costs.",
             "the shortest iteration of the three (implied)", ", ".join(f"{s} {v:.2f} ms" for s, v in total.items()),
-            _samples(by["deft"], "step"), _others(by, "step"),
+            _samples(by["deft"], "step"), _others(by, "step"), a_name="DEFT's time",
             note="synthetic gradients: no forward/backward in the step. The step is the sum of the phases "
                  "above: at W=2 DEFT's select (a norms pass over the whole vector plus half the selection) "
                  "is not below top-k's, and CLT-k's whole-vector top-k runs on one rank per step, so nothing "
