@@ -332,14 +332,18 @@ def test_time_verdicts_use_medians_and_a_noise_margin():
     assert claims_summary([rep]) == "claims: 1 hold, 1 do not, 1 within noise, 0 not comparable (3 in all)"
 
 
-def test_the_noise_band_widens_with_the_repeats_spread():
+def test_the_noise_band_widens_with_the_repeats_spread_and_narrows_with_their_number():
     from mpisparse.reproduce.base import all_hold, spread, time_verdict
 
     assert spread([1.0, 1.1, 9.0]) == pytest.approx(0.1) and spread([5.0]) == 0.0  # one outlier does not widen it
     quiet = time_verdict([3.3, 3.4, 3.35], [3.9, 4.0, 3.95])  # 15% apart, repeats agree: judged
     assert quiet.holds is True and quiet.band == pytest.approx(0.395)
     noisy = time_verdict([3.3, 6.0, 4.4], [3.3, 4.3, 3.9])  # 13% apart, but the repeats disagree by more
-    assert noisy.holds is None and noisy.within_noise and noisy.band == pytest.approx(2 * (1.1 + 0.4))
+    assert noisy.holds is None and noisy.within_noise and noisy.band == pytest.approx(3 * (1.1 + 0.4) / 3 ** 0.5)
+    more = time_verdict([3.3, 6.0, 4.4] * 4, [3.3, 4.3, 3.9] * 4)  # four times the repeats: the medians are surer,
+    assert more.band == pytest.approx(noisy.band / 2)  # the band half as wide (the spread itself does not shrink)
+    many = time_verdict([3.3, 6.0, 4.4] * 48, [3.3, 4.3, 3.9] * 48)  # 144 each: down to the 10% floor, and the
+    assert many.holds is False and many.band == pytest.approx(0.44)  # 0.5 between the medians is judged
     assert time_verdict([6.0, 6.2, 5.9], [3.9, 4.0, 4.1]).holds is False  # 50% above, repeats close: "no"
     assert "differ by 0.6, noise band 0.4" in quiet.text()
     yes, no, close = time_verdict(1, 2), time_verdict(2, 1), time_verdict(1, 1.05)

@@ -18,8 +18,9 @@ results, so the tests check them without MPI.
 
 Time claims are judged by :func:`time_verdict`: medians of repeated jobs,
 and a noise band that is the larger of a fixed fraction
-(:data:`TIME_MARGIN`) and the repeats' own spread (:data:`SPREAD_FACTOR`
-times their median absolute deviations); a difference inside the band is
+(:data:`TIME_MARGIN`) and the medians' uncertainty (:data:`SPREAD_FACTOR`
+times the repeats' median absolute deviations over the square root of their
+number); a difference inside the band is
 ``noise``, not a verdict that flips from run to run.
 """
 
@@ -38,7 +39,8 @@ from typing import Any, Callable, ClassVar, Sequence
 from ..bench.runs import SubRun, display_command, emucluster_status, run_subrun
 
 __all__ = ["Claim", "Context", "Report", "Target", "Skip", "SIZES", "TIME_MARGIN", "SPREAD_FACTOR", "TimeVerdict",
-           "all_hold", "format_claims", "claims_markdown", "fmt_series", "machine_info", "median", "noise_rule",
+           "all_hold", "format_claims", "claims_markdown", "fmt_series", "machine_info", "median", "median_error",
+           "noise_rule",
            "spread", "time_claim", "time_less", "time_verdict"]
 
 SIZES = ("full", "quick", "tiny")
@@ -79,8 +81,8 @@ class Claim:
 
 #: two medians of times closer than this (relative to the larger) are "within noise" on a shared machine
 TIME_MARGIN = 0.10
-#: ... and closer than this many times the repeats' own spread (:func:`spread` of each side, summed)
-SPREAD_FACTOR = 2.0
+#: ... and closer than this many times the medians' uncertainty (:func:`median_error` of each side, summed)
+SPREAD_FACTOR = 3.0
 
 
 def median(values: Sequence[float]) -> float:
@@ -107,6 +109,17 @@ def spread(values: float | Sequence[float]) -> float:
     return median([abs(x - m) for x in v])
 
 
+def median_error(values: float | Sequence[float]) -> float:
+    """How far the median of repeats may be off: their :func:`spread` over the square root of their number.
+
+    It shrinks as repeats are added, so a real difference that one job's
+    noise hides is judged once there are enough jobs (the spread itself does
+    not shrink).
+    """
+    v = _values(values)
+    return spread(v) / math.sqrt(len(v))
+
+
 @dataclass(frozen=True)
 class TimeVerdict:
     """The verdict of one comparison "time a < time b" and the numbers it rests on."""
@@ -130,15 +143,16 @@ def time_verdict(a: float | Sequence[float], b: float | Sequence[float], *,
     """"Time ``a`` < time ``b``" judged on the medians of the repeats, with a noise band.
 
     The band is the larger of ``margin`` of the larger median and
-    :data:`SPREAD_FACTOR` times the repeats' spread (:func:`spread` of ``a``
-    plus that of ``b``): two medians closer than that are too close to call
-    (``holds`` None), so a verdict does not flip with the machine's noise, and
-    the noisier the repeats the wider the band.  A single value has no
-    spread (only ``margin`` applies).
+    :data:`SPREAD_FACTOR` times the medians' uncertainty (:func:`median_error`
+    of ``a`` plus that of ``b``: the repeats' spread over the square root of
+    their number): two medians closer than that are too close to call
+    (``holds`` None), so a verdict does not flip with the machine's noise; the
+    noisier the repeats the wider the band, the more repeats the narrower.  A
+    single value has no spread (only ``margin`` applies).
     """
     va, vb = _values(a), _values(b)
     ma, mb = median(va), median(vb)
-    band = max(margin * max(abs(ma), abs(mb)), SPREAD_FACTOR * (spread(va) + spread(vb)))
+    band = max(margin * max(abs(ma), abs(mb)), SPREAD_FACTOR * (median_error(va) + median_error(vb)))
     holds = None if abs(ma - mb) <= band else ma < mb
     return TimeVerdict(holds, ma, mb, band)
 
@@ -161,8 +175,8 @@ def all_hold(verdicts: Sequence[TimeVerdict]) -> bool | None:
 def noise_rule(margin: float = TIME_MARGIN) -> str:
     """The words of the noise band, for a claim's note."""
     return (f"medians of the repeats compared; closer than the noise band (the larger of {margin:.0%} of the "
-            f"larger median and {SPREAD_FACTOR:g}x the repeats' spread, median absolute deviation, of both "
-            "sides together) is 'noise'")
+            f"larger median and {SPREAD_FACTOR:g}x the medians' uncertainty: the repeats' median absolute "
+            "deviation over the square root of their number, both sides added) is 'noise'")
 
 
 #: the note of a time claim that ``--no-timing`` leaves unjudged
