@@ -137,11 +137,39 @@ def test_deft_breakdown_claims():
 
 
 def test_deft_speedup_claims():
-    rows = [{"world_size": w, "speedup_measured": s} for w, s in ((1, 0.9), (2, 2.1), (4, 4.5))]
+    rows = [{"world_size": w, "speedup_measured": s} for w, s in ((1, 0.9), (2, 2.5), (4, 4.5))]
     inc, lin = deft_speedup.evaluate(rows)
-    assert inc.holds is True and lin.holds is True and "1.05 W (W=2)" in lin.measured
+    assert inc.holds is True and lin.holds is True and "1.25 W (W=2)" in lin.measured
     rows[2]["speedup_measured"] = 3.0
     assert deft_speedup.evaluate(rows)[1].holds is False
+    rows[2]["speedup_measured"] = 4.2  # 4.2 vs W=4: within 10%, too close to call
+    assert deft_speedup.evaluate(rows)[1].verdict == "noise"
+    rows[2]["speedup_measured"] = 2.6  # 2.5 -> 2.6: not a clear increase, and no clear fall
+    inc = deft_speedup.evaluate(rows)[0]
+    assert inc.verdict == "noise" and "W=2 -> 4: 2.50x -> 2.60x, a rise of 1.04x within the noise band" in inc.note
+
+
+def test_deft_speedup_pairs_the_jobs_so_the_topk_calls_noise_cancels():
+    """Each job divides every W's DEFT time into the same top-k time: the rise from W to W' is judged job by job.
+
+    The numbers are one recorded quick run's W=1 and W=2 (three jobs): unpaired, the speedups' spread (0.42 to
+    0.50 at W=1, mostly the top-k call's) swallows a 15% rise; paired, every job rises by 15-27%."""
+    def row(w, topk, deft, imb=1.0):
+        sp = [t / d for t, d in zip(topk, deft)]
+        return {"world_size": w, "speedup_measured": sorted(sp)[1], "speedup_measured_samples": sp,
+                "imbalance": imb, "imbalance_samples": [imb] * 3}
+
+    topk = [12.43, 13.8, 12.77]
+    rows = [row(1, topk, [26.96, 27.5, 30.45]), row(2, topk, [23.49, 22.14, 24.03], 1.03)]
+    from mpisparse.reproduce.base import time_verdict
+
+    assert time_verdict(rows[0]["speedup_measured_samples"], rows[1]["speedup_measured_samples"]).holds is None
+    inc = deft_speedup.evaluate(rows)[0]
+    assert inc.verdict == "yes" and "W=1 -> 2 1.24, band 0.12" in inc.note
+    rows[1]["speedup_measured_samples"] = [0.48, 0.62, 0.43]  # rises of 3%, 4% and 24%: median 4%, within noise
+    assert deft_speedup.evaluate(rows)[0].verdict == "noise"
+    rows[1]["speedup_measured_samples"] = [0.40, 0.44, 0.37]  # every job falls by 12-13%
+    assert deft_speedup.evaluate(rows)[0].verdict == "no"
 
 
 def _cltk_run(w, lr, beta, cos, ham):
@@ -304,6 +332,25 @@ def test_time_verdicts_use_medians_and_a_noise_margin():
     assert claims_summary([rep]) == "claims: 1 hold, 1 do not, 1 within noise, 0 not comparable (3 in all)"
 
 
+def test_the_noise_band_widens_with_the_repeats_spread_and_narrows_with_their_number():
+    from mpisparse.reproduce.base import all_hold, spread, time_verdict
+
+    assert spread([1.0, 1.1, 9.0]) == pytest.approx(0.1) and spread([5.0]) == 0.0  # one outlier does not widen it
+    quiet = time_verdict([3.3, 3.4, 3.35], [3.9, 4.0, 3.95])  # 15% apart, repeats agree: judged
+    assert quiet.holds is True and quiet.band == pytest.approx(0.395)
+    noisy = time_verdict([3.3, 6.0, 4.4], [3.3, 4.3, 3.9])  # 13% apart, but the repeats disagree by more
+    assert noisy.holds is None and noisy.within_noise and noisy.band == pytest.approx(3 * (1.1 + 0.4) / 3 ** 0.5)
+    more = time_verdict([3.3, 6.0, 4.4] * 4, [3.3, 4.3, 3.9] * 4)  # four times the repeats: the medians are surer,
+    assert more.band == pytest.approx(noisy.band / 2)  # the band half as wide (the spread itself does not shrink)
+    many = time_verdict([3.3, 6.0, 4.4] * 48, [3.3, 4.3, 3.9] * 48)  # 144 each: down to the 10% floor, and the
+    assert many.holds is False and many.band == pytest.approx(0.44)  # 0.5 between the medians is judged
+    assert time_verdict([6.0, 6.2, 5.9], [3.9, 4.0, 4.1]).holds is False  # 50% above, repeats close: "no"
+    assert "differ by 0.6, noise band 0.4" in quiet.text()
+    yes, no, close = time_verdict(1, 2), time_verdict(2, 1), time_verdict(1, 1.05)
+    assert all_hold([yes, yes]) is True and all_hold([yes, no]) is False and all_hold([yes, close]) is None
+    assert all_hold([close, no]) is False and all_hold([]) is None
+
+
 def test_deft_breakdown_takes_medians_of_repeated_jobs_and_calls_close_times_noise():
     def job(deft_select):
         return deft_breakdown.breakdown_rows([_res("topk", 2, 0.002, **_phases(0.04, 0.01, 0.01, 0.07)),
@@ -313,7 +360,7 @@ def test_deft_breakdown_takes_medians_of_repeated_jobs_and_calls_close_times_noi
     assert rows[2]["select"] == pytest.approx(21.0) and len(rows[2]["select_samples"]) == 3
     assert rows[2]["selection"] == pytest.approx(21.0)  # no compensate phase in these rows
     sel = deft_breakdown.evaluate(rows)[0]
-    assert sel.holds is True and not sel.within_noise and "holds = median" in sel.note
+    assert sel.holds is True and not sel.within_noise and "holds = the median of DEFT's time below each of topk, cltk" in sel.note
     rows = deft_breakdown.median_rows([job(0.0295)])  # 29.5 ms vs cltk's 30 ms
     sel = deft_breakdown.evaluate(rows)[0]
     assert sel.holds is None and sel.within_noise and sel.verdict == "noise"

@@ -15,6 +15,13 @@ parameters with :meth:`Context.pick`.
 
 A target's ``evaluate``-style helpers are pure functions of the loaded JSON
 results, so the tests check them without MPI.
+
+Time claims are judged by :func:`time_verdict`: medians of repeated jobs,
+and a noise band that is the larger of a fixed fraction
+(:data:`TIME_MARGIN`) and the medians' uncertainty (:data:`SPREAD_FACTOR`
+times the repeats' median absolute deviations over the square root of their
+number); a difference inside the band is
+``noise``, not a verdict that flips from run to run.
 """
 
 from __future__ import annotations
@@ -31,8 +38,10 @@ from typing import Any, Callable, ClassVar, Sequence
 
 from ..bench.runs import SubRun, display_command, emucluster_status, run_subrun
 
-__all__ = ["Claim", "Context", "Report", "Target", "Skip", "SIZES", "TIME_MARGIN", "format_claims",
-           "claims_markdown", "fmt_series", "machine_info", "median", "time_claim", "time_less"]
+__all__ = ["Claim", "Context", "Report", "Target", "Skip", "SIZES", "TIME_MARGIN", "SPREAD_FACTOR", "TimeVerdict",
+           "all_hold", "format_claims", "claims_markdown", "fmt_series", "machine_info", "median", "median_error",
+           "noise_rule",
+           "spread", "time_claim", "time_less", "time_verdict"]
 
 SIZES = ("full", "quick", "tiny")
 
@@ -66,12 +75,14 @@ class Claim:
 
     @property
     def verdict(self) -> str:
-        """``yes``, ``no``, ``n/a`` or ``noise`` (a time comparison within :data:`TIME_MARGIN`)."""
+        """``yes``, ``no``, ``n/a`` or ``noise`` (a time comparison within its noise band, :func:`time_verdict`)."""
         return "noise" if self.within_noise else holds_text(self.holds)
 
 
 #: two medians of times closer than this (relative to the larger) are "within noise" on a shared machine
 TIME_MARGIN = 0.10
+#: ... and closer than this many times the medians' uncertainty (:func:`median_error` of each side, summed)
+SPREAD_FACTOR = 3.0
 
 
 def median(values: Sequence[float]) -> float:
@@ -83,19 +94,89 @@ def median(values: Sequence[float]) -> float:
     return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
 
 
+def _values(x: float | Sequence[float]) -> list[float]:
+    return [float(v) for v in x] if isinstance(x, Sequence) else [float(x)]
+
+
+def spread(values: float | Sequence[float]) -> float:
+    """How much repeats disagree: their median absolute deviation from their median (0 for one value).
+
+    One outlier among three repeats does not move it (a burst of load during
+    one job), unlike the range.
+    """
+    v = _values(values)
+    m = median(v)
+    return median([abs(x - m) for x in v])
+
+
+def median_error(values: float | Sequence[float]) -> float:
+    """How far the median of repeats may be off: their :func:`spread` over the square root of their number.
+
+    It shrinks as repeats are added, so a real difference that one job's
+    noise hides is judged once there are enough jobs (the spread itself does
+    not shrink).
+    """
+    v = _values(values)
+    return spread(v) / math.sqrt(len(v))
+
+
+@dataclass(frozen=True)
+class TimeVerdict:
+    """The verdict of one comparison "time a < time b" and the numbers it rests on."""
+
+    holds: bool | None  # None: within noise
+    a: float  # median of a's repeats
+    b: float  # median of b's repeats
+    band: float  # the difference of the medians must exceed this to be judged
+
+    @property
+    def within_noise(self) -> bool:
+        return self.holds is None
+
+    def text(self) -> str:
+        """``5.1 vs 4.2: differ by 0.9, noise band 0.51`` (the medians)."""
+        return f"{self.a:.3g} vs {self.b:.3g}: differ by {abs(self.a - self.b):.2g}, noise band {self.band:.2g}"
+
+
+def time_verdict(a: float | Sequence[float], b: float | Sequence[float], *,
+                 margin: float = TIME_MARGIN) -> TimeVerdict:
+    """"Time ``a`` < time ``b``" judged on the medians of the repeats, with a noise band.
+
+    The band is the larger of ``margin`` of the larger median and
+    :data:`SPREAD_FACTOR` times the medians' uncertainty (:func:`median_error`
+    of ``a`` plus that of ``b``: the repeats' spread over the square root of
+    their number): two medians closer than that are too close to call
+    (``holds`` None), so a verdict does not flip with the machine's noise; the
+    noisier the repeats the wider the band, the more repeats the narrower.  A
+    single value has no spread (only ``margin`` applies).
+    """
+    va, vb = _values(a), _values(b)
+    ma, mb = median(va), median(vb)
+    band = max(margin * max(abs(ma), abs(mb)), SPREAD_FACTOR * (median_error(va) + median_error(vb)))
+    holds = None if abs(ma - mb) <= band else ma < mb
+    return TimeVerdict(holds, ma, mb, band)
+
+
 def time_less(a: float | Sequence[float], b: float | Sequence[float], *,
               margin: float = TIME_MARGIN) -> tuple[bool | None, bool]:
-    """The verdict of "time ``a`` < time ``b``" from repeats: ``(holds, within_noise)``.
+    """The verdict of "time ``a`` < time ``b``" from repeats: ``(holds, within_noise)`` (see :func:`time_verdict`)."""
+    v = time_verdict(a, b, margin=margin)
+    return v.holds, v.within_noise
 
-    Medians of the repeats are compared; if they differ by at most ``margin``
-    of the larger, the comparison is too close to call (``(None, True)``),
-    so a verdict does not flip with the machine's noise.
-    """
-    ma = median(a) if isinstance(a, Sequence) else float(a)
-    mb = median(b) if isinstance(b, Sequence) else float(b)
-    if abs(ma - mb) <= margin * max(abs(ma), abs(mb)):
-        return None, True
-    return ma < mb, False
+
+def all_hold(verdicts: Sequence[TimeVerdict]) -> bool | None:
+    """Several comparisons that must all hold: False if any clearly fails, True if all clearly hold, else None."""
+    hs = [v.holds for v in verdicts]
+    if any(h is False for h in hs):
+        return False
+    return True if hs and all(hs) else None
+
+
+def noise_rule(margin: float = TIME_MARGIN) -> str:
+    """The words of the noise band, for a claim's note."""
+    return (f"medians of the repeats compared; closer than the noise band (the larger of {margin:.0%} of the "
+            f"larger median and {SPREAD_FACTOR:g}x the medians' uncertainty: the repeats' median absolute "
+            "deviation over the square root of their number, both sides added) is 'noise'")
 
 
 #: the note of a time claim that ``--no-timing`` leaves unjudged
@@ -104,12 +185,21 @@ NOT_TIMED = ("not judged: run with --no-timing (a shared or busy machine), so no
 
 
 def time_claim(source: str, claim: str, paper: str, measured: str, a, b, *, note: str = "",
-               margin: float = TIME_MARGIN) -> Claim:
-    """A :class:`Claim` whose rule is "time ``a`` < time ``b``" with a noise margin (:func:`time_less`)."""
-    holds, close = time_less(a, b, margin=margin)
-    rule = f"holds = median of a below b by more than {margin:.0%}; closer is 'noise'"
+               margin: float = TIME_MARGIN, a_name: str = "a") -> Claim:
+    """A :class:`Claim` whose rule is "time ``a`` < time ``b``" with a noise band (:func:`time_verdict`).
+
+    ``b`` may be a dict of named repeats (``{"topk": [...], "cltk": [...]}``):
+    then ``a`` must be below every one of them (:func:`all_hold`).
+    """
+    bs = b if isinstance(b, dict) else {"": b}
+    verdicts = {name: time_verdict(a, x, margin=margin) for name, x in bs.items()}
+    holds = all_hold(list(verdicts.values()))
+    judged = "; ".join((f"against {name} " if name else "") + v.text() for name, v in verdicts.items())
+    rule = (f"holds = the median of {a_name} below {'each of ' + ', '.join(bs) if len(bs) > 1 else 'b'} by more than "
+            f"the noise band, 'no' if {'any is' if len(bs) > 1 else 'it is'} clearly above; "
+            f"{noise_rule(margin)}. Here: {judged}")
     return Claim(source, claim, paper, measured, holds, note=f"{note}; {rule}" if note else rule,
-                 within_noise=close)
+                 within_noise=holds is None)
 
 
 @dataclass
