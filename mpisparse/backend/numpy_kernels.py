@@ -656,13 +656,14 @@ _SEG_SAMPLE_HITS = 32
 _SEG_SAMPLE_MIN = 256
 _SEG_SAMPLE_MAX = 8192
 _SEG_SAMPLE_SQRT = 4.0
-# the compiled kernel's sizing (:mod:`.compiled_segments`): its samples are read in cache-line runs and a
-# retry re-reads one segment, while every candidate costs a scan of its block (~35 ns), so it samples
-# more and keeps a smaller margin (tuned on resnet50 / lstm-wt2 shapes, see docs/performance.md)
-_SEGC_HITS = 32
+# the compiled kernel's sizing (:mod:`.compiled_segments`): its samples are read in cache-line runs, a
+# candidate costs a few instructions (a set bit of its block's hit mask) and a retry re-reads one
+# segment, so it samples less per segment and keeps a smaller margin (sizings compared on resnet50 and
+# lstm-wt2 shapes, W = 1 and 16, densities 0.001 and 0.01: this one was best or within noise of it)
+_SEGC_HITS = 16
 _SEGC_MAX = 8192
-_SEGC_SQRT = 8.0
-_SEGC_SIGMAS = 2.0
+_SEGC_SQRT = 2.0
+_SEGC_SIGMAS = 1.5
 _SEGC_EXTRA = 1
 
 
