@@ -322,8 +322,13 @@ class Deft(Scheme):
             self.comm.allreduce(vals, vals)  # Alg. 1 l.9
 
         with self.phase("update"):
+            fresh = self._out is None
             out = self.output()
-            out.fill(0)
+            if not fresh:  # the output holds only the last step's union: zero it, not the whole vector
+                if self._last_indices is None:
+                    out.fill(0)
+                else:
+                    out[self._last_indices] = 0
             out[all_idx] = vals * np.float32(1.0 / W)  # Alg. 1 l.10: (1/n) g_t
             self.memory.update(acc, all_idx)  # Alg. 1 l.11-12: acc[idx_t] = 0; e = acc
 
