@@ -627,8 +627,7 @@ def segment_plan(sizes: np.ndarray, ks: np.ndarray, sqrt_cap: float | None = Non
     ``k_i == 0`` handled by the caller, ``k_i`` dense, or ``r_i >= m_i``).
     Shared by the NumPy, compiled and CuPy segmented kernels; ``hits``,
     ``sample_max``, ``sigmas`` and ``extra`` override the module's sizing
-    (the compiled kernel's samples and retries are cheaper, so it samples
-    more and keeps a smaller margin).
+    (the compiled kernel has its own sizing, ``_SEGC_*``).
     """
     hits = _SEG_SAMPLE_HITS if hits is None else hits
     sample_max = _SEG_SAMPLE_MAX if sample_max is None else sample_max

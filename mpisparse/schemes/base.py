@@ -116,6 +116,19 @@ class CollectiveScheme(SchemeBase):
     def _step(self, grad):
         raise NotImplementedError
 
+    def fused_residual(self, grad):
+        """The residual a compiled pass may compensate in place (``e += g`` inside its own pass), made on
+        first use; None where none may: no residual error feedback, not a host float array, or the
+        compiled loops off (:func:`mpisparse.backend.compiled.enabled`).  The one place that decides it."""
+        from ..backend import compiled
+
+        mem = self.memory
+        if not (mem.in_place and isinstance(grad, np.ndarray) and grad.dtype.kind == "f" and compiled.enabled()):
+            return None
+        if mem.residual is None:
+            mem.residual = np.zeros_like(grad)
+        return mem.residual
+
     def compensate_topk(self, grad, k: int, *, ascending: bool = False):
         """``acc`` (the compensated vector) and the indices of its ``k`` largest magnitudes, timed as
         ``compensate`` and ``select``.
@@ -130,13 +143,12 @@ class CollectiveScheme(SchemeBase):
         from ..backend import fused
 
         mem = self.memory
-        if mem.in_place and isinstance(grad, np.ndarray) and fused.enabled() and grad.dtype.kind == "f":
+        residual = self.fused_residual(grad)
+        if residual is not None:
             with self.phase("compensate"):
-                if mem.residual is None:
-                    mem.residual = np.zeros_like(grad)
-                cand = fused.compensate_candidates(mem.residual, grad, k)
+                cand = fused.compensate_candidates(residual, grad, k)
             with self.phase("select"):  # (no full-size scratch: a missed estimate uses a chunk buffer)
-                return mem.residual, fused.topk_from_candidates(mem.residual, cand, k, ascending=ascending)
+                return residual, fused.topk_from_candidates(residual, cand, k, ascending=ascending)
         if self._scratch is None:
             self._scratch = self.xp.empty(self.n, dtype=grad.dtype)
         with self.phase("compensate"):

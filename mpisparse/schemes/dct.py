@@ -208,18 +208,16 @@ class DCT(SparseGatherScheme):
         (:func:`mpisparse.backend.fused.compensate_segments_threshold`, the same indices and error)."""
         from ..backend import fused
 
-        mem = self.memory
         due = self.taus is None or recompute_due(self.iteration, self.lifespan)
-        if due or not mem.in_place or not isinstance(grad, np.ndarray) or not fused.enabled():
+        residual = None if due else self.fused_residual(grad)
+        if residual is None:
             return super().compensate_select(grad)
         with self.phase("compensate"):
-            if mem.residual is None:
-                mem.residual = np.zeros_like(grad)
             self.recomputed = False  # Alg. 1 l.7, tau from iteration k - 1
-            idx = fused.compensate_segments_threshold(mem.residual, grad, self.layout.offsets, self.layout.sizes,
+            idx = fused.compensate_segments_threshold(residual, grad, self.layout.offsets, self.layout.sizes,
                                                       self.taus)
         self.local_count = int(idx.size)
-        return mem.residual, idx
+        return residual, idx
 
     def select(self, acc) -> np.ndarray:
         # Alg. 1 l.2 happened in compensate(): acc = W_grad + E_grad

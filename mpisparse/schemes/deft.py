@@ -346,13 +346,11 @@ class Deft(Scheme):
         float arrays, numba, ``MPISPARSE_FUSED`` not 0), the layer norms of ``acc`` found in the same pass
         (:func:`mpisparse.backend.compiled_segments.compensate_norms`); otherwise ``norms`` is None and
         :func:`layer_norms` computes them in ``select``."""
-        mem = self.memory
-        if mem.in_place and isinstance(grad, np.ndarray) and grad.dtype.kind == "f" and compiled_segments.enabled():
-            if mem.residual is None:
-                mem.residual = np.zeros_like(grad)
-            norms = compiled_segments.compensate_norms(mem.residual, grad, *self._spans)
+        residual = self.fused_residual(grad)
+        if residual is not None:
+            norms = compiled_segments.compensate_norms(residual, grad, *self._spans)
             if norms is not None:
-                return mem.residual, norms
+                return residual, norms
         return self.memory.compensate(grad), None
 
     def selected_global(self) -> int:

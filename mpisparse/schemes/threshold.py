@@ -38,17 +38,14 @@ class Threshold(SparseGatherScheme):
         """Once tau is known: compensation and the threshold test in one fused pass where possible."""
         from ..backend import fused
 
-        mem = self.memory
-        if (self.tau is None or not mem.in_place or not isinstance(grad, np.ndarray)
-                or not fused.enabled()):
+        residual = None if self.tau is None else self.fused_residual(grad)
+        if residual is None:
             return super().compensate_select(grad)
         with self.phase("compensate"):
-            if mem.residual is None:
-                mem.residual = np.zeros_like(grad)
             if self._scratch is None:
                 self._scratch = np.empty_like(grad)
-            idx = fused.compensate_threshold(mem.residual, grad, self.tau, scratch=self._scratch)
-        return mem.residual, idx
+            idx = fused.compensate_threshold(residual, grad, self.tau, scratch=self._scratch)
+        return residual, idx
 
     def select(self, acc) -> np.ndarray:
         if self._scratch is None:
