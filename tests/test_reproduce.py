@@ -291,7 +291,9 @@ def test_deft_speedup_runs_end_to_end_in_its_smallest_form(tmp_path):
     rep = json.loads(j.read_text())
     assert rep["target"] == "deft-speedup" and rep["size"] == "tiny" and rep["skipped"] is None
     assert [c["source"] for c in rep["claims"]] == ["Fig. 9, Sec. 5.4", "Sec. 5.4, eq. 9", "Sec. 5.4 (bound)"]
-    assert len(rep["commands"]) == 1 and rep["machine"]["cpu_count"] >= 1
+    # the toolkit's kernel, then the paper's primitive (torch.topk) for eq. 9
+    assert len(rep["commands"]) == 2 and rep["machine"]["cpu_count"] >= 1
+    assert "--select-kernel torch" in rep["commands"][1] and "with torch.topk" in rep["claims"][1]["measured"]
 
 
 @pytest.mark.slow

@@ -30,6 +30,8 @@ import os
 import time
 
 from .. import backend
+from ..backend import reference
+from ..backend.reference import check_kernel
 from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
@@ -49,9 +51,21 @@ def _best(fn, repeats: int) -> float:
 
 
 def run_deft_select_bench(models=("resnet50", "lstm-wt2"), worlds=(1, 2, 4, 8, 16),
-                          density: float = 0.01, seed: int = 0, repeats: int = 3) -> list[dict]:
-    """One row per (model, world size); see the module docstring for the columns."""
+                          density: float = 0.01, seed: int = 0, repeats: int = 3, kernel: str = "native",
+                          threads: int = 1) -> list[dict]:
+    """One row per (model, world size); see the module docstring for the columns.
+
+    ``kernel``: the selection primitive of both sides
+    (:mod:`mpisparse.backend.reference`; ``torch``: torch.topk on the whole
+    vector and once per layer of a rank's share, with ``threads`` intra-op
+    threads, the DEFT reference's way).
+    """
     density = validate_density(density)
+    kernel = check_kernel(kernel)
+    if kernel == "torch":
+        import torch
+
+        torch.set_num_threads(int(threads))
     worlds = tuple(worlds)
     for w in worlds:
         if isinstance(w, bool) or int(w) != w or w < 1:
@@ -64,9 +78,10 @@ def run_deft_select_bench(models=("resnet50", "lstm-wt2"), worlds=(1, 2, 4, 8, 1
         grad = SyntheticGradients(layout, 0, seed=seed).fill(layout.empty(), 0)
         k = k_for(density, layout.n)
         scratch = backend.array_module(grad).empty_like(grad)
-        run_topk = lambda: backend.topk_abs(grad, k, scratch=scratch)  # noqa: E731
+        run_topk = lambda: reference.topk_abs(grad, k, kernel, scratch=scratch)  # noqa: E731
         topk = _best(run_topk, repeats)
-        sims = [simulate_selection_times(layout, grad, density, int(w), repeats=repeats) for w in worlds]
+        sims = [simulate_selection_times(layout, grad, density, int(w), repeats=repeats, kernel=kernel)
+                for w in worlds]
         topk = min(topk, _best(run_topk, repeats))  # best of the calls before and after
         for w, sim in zip(worlds, sims):
             overhead = sim["norms_seconds"] + sim["alloc_seconds"]
@@ -90,6 +105,7 @@ def run_deft_select_bench(models=("resnet50", "lstm-wt2"), worlds=(1, 2, 4, 8, 1
                 "per_rank_seconds": sim["per_rank_seconds"],
                 "repeats": int(repeats),
                 "seed": seed,
+                "select_kernel": kernel,
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             })
     return rows

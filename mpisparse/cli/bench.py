@@ -298,8 +298,13 @@ def bench_model(model, densities, worlds, rate, latency_us, exchange_json, share
 @click.option("--backend", type=click.Choice(["numpy", "cupy"]), default="numpy", show_default=True,
               help="numpy: the CPU kernels; cupy: the GPU kernels on the current device (with the device's "
                    "measured copy bandwidth and torch.topk on the same device).")
+@click.option("--select-kernel", type=click.Choice(["native", "torch", "sort"]), default="native",
+              show_default=True,
+              help="deft (numpy): the selection primitive of both sides: this toolkit's kernels, torch.topk "
+                   "(the DEFT reference's: whole vector for top-k, one call per layer for DEFT) or "
+                   "copy-and-sort.")
 def bench_select(mode, size, models, worlds, density, repeats, threads, distribution, seed, json_path,
-                 sizes, densities, csv_path, plot_path, backend) -> None:
+                 sizes, densities, csv_path, plot_path, backend, select_kernel) -> None:
     """Time selection (one process): the kernels, or DEFT's per-rank share against whole-vector top-k.
 
     With several --sizes or --densities the kernels run once per point and
@@ -340,11 +345,14 @@ def bench_select(mode, size, models, worlds, density, repeats, threads, distribu
         click.echo(select_gpu.format_select_bench_gpu(res))
         output.select_outputs(mode, [res], json_path, csv_path, plot_path)
         return
+    if select_kernel != "native" and (mode != "deft" or backend != "numpy"):
+        raise click.UsageError(f"--select-kernel {select_kernel} applies to --mode deft --backend numpy only")
     if mode == "deft":
         from ..bench.select_deft import format_deft_select_bench, run_deft_select_bench
 
-        rows = run_deft_select_bench(models=tuple(models), worlds=tuple(worlds),
-                                     density=0.01 if density is None else density, seed=seed, repeats=repeats)
+        rows = usage(run_deft_select_bench, models=tuple(models), worlds=tuple(worlds),
+                     density=0.01 if density is None else density, seed=seed, repeats=repeats,
+                     kernel=select_kernel, threads=threads)
         click.echo(format_deft_select_bench(rows))
         output.select_outputs(mode, rows, json_path, csv_path, plot_path)
         return

@@ -202,6 +202,27 @@ def time_claim(source: str, claim: str, paper: str, measured: str, a, b, *, note
                  within_noise=holds is None)
 
 
+def paired_time_claim(source: str, claim: str, paper: str, measured: str, a: Sequence[float],
+                      b: dict[str, Sequence[float]], *, note: str = "", margin: float = TIME_MARGIN,
+                      a_name: str = "a") -> Claim:
+    """A :class:`Claim` whose rule is "time ``a`` < each time of ``b``", judged job by job: ``a[j] / b[name][j]``
+    (the same job's two times, which share that job's load on the machine) against 1, medians with a noise band
+    (:func:`time_verdict`).  ``a`` and each of ``b`` hold one time per job, in the same order."""
+    verdicts = {}
+    for name, x in b.items():
+        if len(x) != len(a) or not all(v > 0 for v in x):
+            raise ValueError(f"paired times need one positive time per job on both sides; {name} has {len(x)}, "
+                             f"{a_name} {len(a)}")
+        verdicts[name] = time_verdict([ai / xi for ai, xi in zip(a, x)], [1.0], margin=margin)
+    holds = all_hold(list(verdicts.values()))
+    judged = "; ".join(f"{a_name} / {name} {v.text()}" for name, v in verdicts.items())
+    rule = (f"holds = {a_name} over each of {', '.join(b)}, job by job (the same job's runs share the machine's "
+            f"load), below 1 by more than the noise band, 'no' if any is clearly above 1; {noise_rule(margin)}. "
+            f"Here: {judged}")
+    return Claim(source, claim, paper, measured, holds, note=f"{note}; {rule}" if note else rule,
+                 within_noise=holds is None)
+
+
 @dataclass
 class Report:
     target: str

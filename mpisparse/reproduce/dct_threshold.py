@@ -22,9 +22,12 @@ Measured:
   ``|tau_t - m_t| / m_t`` with ``m_t`` the running mean of tau over steps
   0..t.  (the DCT paper's DLRM, ``--model dlrm``, barely trains on digits at these
   settings, so the MLP stands in.)
-* Fig. 8a: ``bench step --scheme dense --scheme dct --lifespan L`` at 95 %
-  sparsity (density 0.05), dense timed in every job: step time, ``select``
-  time and measured density.  The L that a claim compares (1, 1000, 10000)
+* Fig. 8a: ``bench step --scheme dense --scheme dct --lifespan L
+  --select-kernel sort`` at 95 % sparsity (density 0.05), dense timed in
+  every job: step time, ``select`` time and measured density.  The paper's
+  routine computes each threshold by a copy-and-sort, and Fig. 8a is about
+  its cost, so the jobs use it (``sort``); L=1 also runs with this toolkit's
+  linear-time selection (``native``), reported beside.  The L that a claim compares (1, 1000, 10000)
   run as three jobs (two with ``--quick``, one with ``MPISPARSE_QUICK=1``);
   each time is the median over the jobs, and their spread widens the noise
   band (:func:`mpisparse.reproduce.base.time_verdict`).  With ``iters +
@@ -96,7 +99,7 @@ def _lifespan_row(L: int, results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "exchange_ms": (c["phases"].get("exchange_indices", 0.0)
                             + c["phases"].get("exchange_values", 0.0)) * 1e3,
             "density_actual": c["density_actual"], "bytes": c["bytes_sent_per_rank"],
-            "dense_bytes": d["bytes_sent_per_rank"]}
+            "dense_bytes": d["bytes_sent_per_rank"], "kernel": c.get("config", {}).get("select_kernel", "native")}
 
 
 def lifespan_rows(jobs: dict[int, list]) -> list[dict[str, Any]]:
@@ -120,7 +123,38 @@ def _samples(row: dict[str, Any], key: str) -> list[float]:
     return list(row.get(key + "_samples", [row[key]]))
 
 
-def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]]) -> list[Claim]:
+def _l1_claim(r: dict[str, Any], native: dict[str, Any] | None) -> Claim:
+    """Fig. 8a's L=1 claim: DCT's step at L=1 above dense's.  ``r`` is judged: with the paper's copy-and-sort
+    (``kernel`` sort) in current runs; ``native`` (optional) is L=1 with this toolkit's selection, reported."""
+    sort = r.get("kernel") == "sort"
+    measured = (f"{100 * (r['ratio'] - 1):+.0f}% step time (select {r['select_ms']:.1f} ms of {r['dct_ms']:.1f} "
+                "ms)")
+    if sort:
+        measured = "with the copy-and-sort: " + measured
+        if native is not None:
+            measured += (f"; with this toolkit's selection: {100 * (native['ratio'] - 1):+.0f}% (select "
+                         f"{native['select_ms']:.1f} ms)")
+        note = ("a = dense's step time, b = DCT's at L=1 with the paper's routine, a copy of each layer sorted "
+                "to read its K-th largest magnitude (--select-kernel sort) (ms). The direction holds with the "
+                "paper's routine; the size differs: a CPU sort of the gradient against this machine's network "
+                "and dense exchange, where the paper's +11% is a GPU sort against its cluster's. With this "
+                "toolkit's linear-time selection the threshold costs less than the sparse exchange saves, so "
+                "L=1 is faster than no compression (the second number): an implementation difference")
+    else:
+        note = ("a = dense's step time, b = DCT's at L=1 (ms); the paper's +11% is the cost of a copy-and-sort "
+                "per step on a GPU; here the threshold comes from a linear-time selection, and the sparse "
+                "exchange saves more than it costs, so L=1 can be faster than no compression: an implementation "
+                "difference, not a defect")
+    return time_claim(
+        "Fig. 8a", "With L=1 training takes 11% more time than the baseline with no compression (the "
+                   "copy-and-sort that computes the top-K threshold).",
+        "+11% (L=1 vs no compression)", measured, _samples(r, "dense_ms"), _samples(r, "dct_ms"), note=note)
+
+
+def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]],
+             native_rows: Sequence[dict[str, Any]] | None = None) -> list[Claim]:
+    """The claims of Fig. 2 (``trows``) and Fig. 8a (``lrows``: one row per L; ``native_rows``: L=1 with this
+    toolkit's selection when ``lrows`` used the paper's copy-and-sort)."""
     claims = []
     if len(trows) > 1:
         means = [r["tau_mean"] for r in trows]
@@ -143,17 +177,7 @@ def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]]) -
             r95["dev_max"] <= PAPER_MAX_DEVIATION, note=_fig2_note(r95)))
     by_l = {r["L"]: r for r in lrows}
     if 1 in by_l:
-        r = by_l[1]
-        claims.append(time_claim(
-            "Fig. 8a", "With L=1 training takes 11% more time than the baseline with no compression (the "
-                       "copy-and-sort that computes the top-K threshold).",
-            "+11% (L=1 vs no compression)", f"{100 * (r['ratio'] - 1):+.0f}% step time (select {r['select_ms']:.1f} "
-                                             f"ms of {r['dct_ms']:.1f} ms)",
-            _samples(r, "dense_ms"), _samples(r, "dct_ms"),
-            note="a = dense's step time, b = DCT's at L=1 (ms); the paper's +11% is the cost of a copy-and-sort per "
-                 "step on a GPU; here the threshold comes from a linear-time selection, and the sparse exchange "
-                 "saves more than it costs, so L=1 can be faster than no compression: an implementation "
-                 "difference, not a defect"))
+        claims.append(_l1_claim(by_l[1], {r["L"]: r for r in native_rows or ()}.get(1)))
     big = [L for L in by_l if L >= 1000]
     if big:
         L = min(big)
@@ -246,15 +270,20 @@ class DctThreshold(Target):
         # repeated jobs for the L the claims compare (1, 1000, 10000): medians, and the jobs' spread sets the
         # noise band
         repeats = ctx.pick(3, 2, 1)
+        # the paper's routine computes the threshold by a copy-and-sort (--select-kernel sort); L=1 also with
+        # this toolkit's selection, for the comparison the L=1 claim reports
         jobs: dict[int, list] = {}
-        for L in lifespans:
-            for rep in range(repeats if L in (1, 1000, 10000) else 1):
-                res = ctx.run(["bench", "step"], ["--model", model, "--scheme", "dense", "--scheme", "dct",
-                                                  "--lifespan", str(L), "--density", f"{SPARSITY_95:g}", "--iters",
-                                                  str(iters), "--warmup", "1"], n=w,
-                              name=f"bench-L{L}" if rep == 0 else f"bench-L{L}-{rep}", rate=brate)
-                jobs.setdefault(L, []).append(res if isinstance(res, list) else [res])
-        trows, lrows = threshold_rows(trained), lifespan_rows(jobs)
+        native: dict[int, list] = {}
+        for kernel, spans, into in (("sort", lifespans, jobs), ("native", [L for L in lifespans if L == 1], native)):
+            for L in spans:
+                for rep in range(repeats if L in (1, 1000, 10000) else 1):
+                    res = ctx.run(["bench", "step"], ["--model", model, "--scheme", "dense", "--scheme", "dct",
+                                                      "--lifespan", str(L), "--density", f"{SPARSITY_95:g}",
+                                                      "--iters", str(iters), "--warmup", "1", "--select-kernel",
+                                                      kernel], n=w,
+                                  name=f"bench-{kernel}-L{L}" + (f"-{rep}" if rep else ""), rate=brate)
+                    into.setdefault(L, []).append(res if isinstance(res, list) else [res])
+        trows, lrows, nrows = threshold_rows(trained), lifespan_rows(jobs), lifespan_rows(native)
         pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
         tcols = [Column("sparsity", "sparsity", lambda v: f"{100 * v:.3g}%"), Column("steps", "steps"),
                  Column("tau_mean", "tau mean", "{:.4g}"),
@@ -272,18 +301,22 @@ class DctThreshold(Target):
         notes = []
         if lrows:
             details.append((f"Fig. 8a: {model}-shaped gradients, 95% sparsity, W={w}, {iters} timed steps after 1 "
-                            f"warm-up, median of {repeats} job{'s' if repeats > 1 else ''} at L = 1, 1000, 10000",
+                            f"warm-up, median of {repeats} job{'s' if repeats > 1 else ''} at L = 1, 1000, 10000; "
+                            "thresholds by the paper's copy-and-sort (--select-kernel sort)",
                             format_rows(lrows, lcols)))
+            if nrows:
+                details.append(("the same at L=1 with this toolkit's linear-time selection (--select-kernel native)",
+                                format_rows(nrows, lcols)))
             notes.append("on synthetic gradients every step is a fresh draw: with tau held for L steps the "
                          "error-feedback residual outgrows it and the density drifts upward (measured above), which "
                          "costs exchange time")
         else:
             notes.append("Fig. 8a (the life-span L's effect on step time) left out: --no-timing")
-        data = {"threshold": trows, "lifespan": lrows,
+        data = {"threshold": trows, "lifespan": lrows, "lifespan_native": nrows,
                 "taus": {f"{r['density_target']:g}": tau_series(r) for r in trained}}
         network = f"Fig. 2 runs: {network}; Fig. 8a runs: {bnetwork}"
         return self.report(ctx, claims=self.claims(data, network), details=details, commands=list(ctx.commands),
                            data=data, network=network, notes=notes)
 
     def claims(self, data: dict[str, Any], network: str = "") -> list[Claim]:
-        return evaluate(data.get("threshold", []), data.get("lifespan", []))
+        return evaluate(data.get("threshold", []), data.get("lifespan", []), data.get("lifespan_native"))

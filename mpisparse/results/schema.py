@@ -116,6 +116,12 @@ class RunResult:
         grows with steps.  ``bench step --rss-at``: the steps asked for
         (warm-up steps counted); data-parallel ``train``: the last step of
         each epoch of this run.
+    ``phases_slowest_step``
+        data-parallel runs: phase name (and ``step``) -> mean over timed
+        steps of that step's max over ranks: the slowest worker of each
+        iteration, the DEFT paper's Fig. 7 measure (``phases`` is the max
+        over ranks of each rank's mean, which spreads a phase that only
+        one rank per step runs, CLT-k's leader selection, over the steps).
     ``hierarchy``
         ``--hierarchical`` runs (``bench step``): ``hosts``, ``ranks_per_host``
         (a list, one entry per host) and ``cross_host_bytes_per_step`` (the
@@ -192,6 +198,7 @@ class RunResult:
     staging_copies_per_step: dict[str, float] | None = None
     rss_bytes_at_step: dict[str, int] | None = None
     hierarchy: dict[str, Any] | None = None
+    phases_slowest_step: dict[str, float] | None = None
     # -- provenance (schema version 2)
     provenance: dict[str, Any] | None = None
     # -- runtime-specific blocks

@@ -27,8 +27,15 @@ from ..memory import Memory, make_memory
 from ..registry import SCHEMES, SchemeBase, SchemeOption, k_for, register, scheme_class, validate_density
 from ..timing import PhaseTimer
 
-__all__ = ["CollectiveScheme", "SCHEMES", "Scheme", "SchemeOption", "SparseGatherScheme", "k_for", "register",
-           "scatter_sum", "scheme_class", "validate_density"]
+__all__ = ["CollectiveScheme", "SCHEMES", "SELECT_KERNEL", "Scheme", "SchemeOption", "SparseGatherScheme", "k_for",
+           "register", "scatter_sum", "scheme_class", "validate_density"]
+
+#: the selection primitive of the schemes that declare it (:mod:`mpisparse.backend.reference`)
+SELECT_KERNEL = SchemeOption(
+    "select_kernel", str, "native",
+    "topk, cltk, deft, dct: the selection primitive; native = this toolkit's linear-time kernels, "
+    "torch = torch.topk (the DEFT reference's), sort = copy-and-sort (DCT's); the others reproduce the "
+    "papers' timings", choices=("native", "torch", "sort"))
 
 
 class CollectiveScheme(SchemeBase):
@@ -64,6 +71,10 @@ class CollectiveScheme(SchemeBase):
         super().__init__(comm, layout, density, timer=timer, seed=seed, **options)
         self.memory: Memory = make_memory(memory and self.uses_memory)
         self.iteration = 0
+        from ..backend.reference import check_kernel
+
+        #: the selection primitive (``--select-kernel``; "native" for schemes without the option)
+        self.select_kernel = check_kernel(self.opts.get("select_kernel") or "native")
         self._out = None
         #: the array module of the gradients (NumPy, or CuPy for device gradients): outputs and state live there
         self.xp = np
@@ -138,12 +149,12 @@ class CollectiveScheme(SchemeBase):
         (:mod:`mpisparse.backend.fused`; ``compensate`` then also holds the
         candidate search, ``select`` the exact pick among the candidates).
         Otherwise the two plain steps.  The same index set and residual either way; ``ascending``:
-        the indices sorted.
+        the indices sorted.  A ``select_kernel`` other than native selects with that primitive, unfused.
         """
-        from ..backend import fused
+        from ..backend import fused, reference
 
         mem = self.memory
-        residual = self.fused_residual(grad)
+        residual = self.fused_residual(grad) if self.select_kernel == "native" else None
         if residual is not None:
             with self.phase("compensate"):
                 cand = fused.compensate_candidates(residual, grad, k)
@@ -154,7 +165,7 @@ class CollectiveScheme(SchemeBase):
         with self.phase("compensate"):
             acc = mem.compensate(grad)
         with self.phase("select"):
-            idx = backend.topk_abs(acc, k, scratch=self._scratch)
+            idx = reference.topk_abs(acc, k, self.select_kernel, scratch=self._scratch)
             return acc, (backend.array_module(idx).sort(idx) if ascending else idx)
 
     def selected_global(self) -> int:

@@ -75,8 +75,9 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from ..backend import reference
 from ..memory import Memory, NoMemory, accumulate, restored, saved
-from .base import Scheme, SchemeOption, register
+from .base import SELECT_KERNEL, Scheme, SchemeOption, register
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -116,14 +117,15 @@ def chunk_bounds(n: int, chunks: int) -> np.ndarray:
     return bounds
 
 
-def chunked_topk(x, k: int, chunks: int = 1, *, scratch=None):
+def chunked_topk(x, k: int, chunks: int = 1, *, scratch=None, kernel: str = "native"):
     """Chunk-wise top-k by magnitude: exactly ``k`` distinct indices of ``x``.
 
     ``x`` is split as :func:`chunk_bounds` and ``k`` as :func:`chunk_sizes`;
     chunk ``c`` contributes the indices of its ``k_c`` largest ``|x|``.
     ``chunks = 1`` is the plain top-k of eq. 2.  Indices are
     ``backend.index_dtype(n)``, in no particular order.  ``scratch`` (a
-    float buffer of ``x``'s size) is passed on to the kernel.
+    float buffer of ``x``'s size) is passed on to the kernel; ``kernel`` is the
+    selection primitive (:mod:`mpisparse.backend.reference`).
     """
     n = int(x.shape[0])
     k, chunks = int(k), int(chunks)
@@ -133,7 +135,7 @@ def chunked_topk(x, k: int, chunks: int = 1, *, scratch=None):
         raise ValueError(f"The number of chunks is {chunks}; it must lie in [1, {n}] "
                          f"for a vector of {n} elements.")
     if chunks == 1:
-        return backend.topk_abs(x, k, scratch=scratch)
+        return reference.topk_abs(x, k, kernel, scratch=scratch)
     idt = backend.index_dtype(n)
     xp = backend.array_module(x)
     bounds = chunk_bounds(n, chunks)
@@ -143,7 +145,7 @@ def chunked_topk(x, k: int, chunks: int = 1, *, scratch=None):
         a, b, kc = int(bounds[c]), int(bounds[c + 1]), int(ks[c])
         if kc == 0:
             continue
-        sub = backend.topk_abs(x[a:b], kc, scratch=None if scratch is None else scratch[a:b])
+        sub = reference.topk_abs(x[a:b], kc, kernel, scratch=None if scratch is None else scratch[a:b])
         parts.append(sub.astype(idt, copy=False) + idt(a))
     if not parts:
         return xp.empty(0, dtype=idt)
@@ -286,6 +288,7 @@ class CLTK(Scheme):
         SchemeOption("warmup_iters", int, 0,
                      "cltk: first iterations uncompressed (dense Allreduce, memory cleared)",
                      low=0),
+        SELECT_KERNEL,
     )
 
     def __init__(self, *args, **kw):
@@ -328,7 +331,7 @@ class CLTK(Scheme):
                 if comm.rank == leader:
                     if self._scratch is None:
                         self._scratch = backend.array_module(acc).empty_like(acc)
-                    idx = chunked_topk(acc, k, self.chunks, scratch=self._scratch)
+                    idx = chunked_topk(acc, k, self.chunks, scratch=self._scratch, kernel=self.select_kernel)
                     idx = idx.astype(backend.index_dtype(self.n), copy=False)
         with self.phase("exchange_indices"):
             if comm.rank != leader:

@@ -58,7 +58,8 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from .base import SchemeOption, SparseGatherScheme, register
+from ..backend import reference
+from .base import SELECT_KERNEL, SchemeOption, SparseGatherScheme, register
 
 #: Relative guard of ``floor(N eta)`` against float products like 28.999...
 _FLOOR_GUARD = 1e-9
@@ -94,11 +95,12 @@ def recompute_due(iteration: int, lifespan: int) -> bool:
     return int(iteration) % int(lifespan) == 0
 
 
-def topk_threshold(x, k: int, *, scratch=None) -> float:
+def topk_threshold(x, k: int, *, scratch=None, kernel: str = "native") -> float:
     """Alg. 1 l.4-5: the ``k``-th largest ``|x|`` (``inf`` for ``k == 0``).
 
-    Exact (backend top-k, no full sort); the value is one of ``|x|``, so
-    ``|x| >= tau`` keeps at least ``k`` entries (more on ties).
+    Exact (backend top-k, no full sort; ``kernel="sort"``: the paper's
+    copy-and-sort, :mod:`mpisparse.backend.reference`); the value is one of
+    ``|x|``, so ``|x| >= tau`` keeps at least ``k`` entries (more on ties).
     """
     n = int(x.shape[0])
     k = int(k)
@@ -109,8 +111,7 @@ def topk_threshold(x, k: int, *, scratch=None) -> float:
     xp = backend.array_module(x)
     if k == n:
         return float(xp.abs(x).min())  # an explicit scalar read (a device x: 4-8 bytes)
-    idx = backend.topk_abs(x, k, scratch=scratch)
-    return float(xp.abs(x[idx]).min())
+    return reference.kth_largest_abs(x, k, kernel, scratch=scratch)
 
 
 def laplace_threshold(mean: float, var: float, kept_fraction: float, *, two_sided: bool = True) -> float:
@@ -188,6 +189,7 @@ class DCT(SparseGatherScheme):
         SchemeOption("lifespan", int, 1000,
                      "dct: threshold life-span L, recompute each layer's top-K threshold when L divides "
                      "the iteration", low=1),
+        SELECT_KERNEL,
     )
 
     def __init__(self, *args, **kw):
@@ -227,8 +229,8 @@ class DCT(SparseGatherScheme):
         lay = self.layout
         self.recomputed = self.taus is None or recompute_due(self.iteration, self.lifespan)  # Alg. 1 l.3
         if self.recomputed:
-            self.taus = [topk_threshold(lay.view(acc, i), k, scratch=lay.view(self._scratch, i))  # l.4-5
-                         for i, k in enumerate(self.layer_k)]
+            self.taus = [topk_threshold(lay.view(acc, i), k, scratch=lay.view(self._scratch, i),  # l.4-5
+                                        kernel=self.select_kernel) for i, k in enumerate(self.layer_k)]
             self.recomputed_at.append(self.iteration)
         # else: Alg. 1 l.7, tau from iteration k - 1
         if xp is np:  # Alg. 1 l.9 in every layer: one compiled pass with numba, else the loop below

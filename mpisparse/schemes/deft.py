@@ -82,7 +82,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import backend
-from ..backend import compiled_segments
+from ..backend import compiled_segments, reference
 from ..layer_partition import (
     Layer,
     assign_local_k,
@@ -96,7 +96,7 @@ from ..layer_partition import (
     split_large,
     two_stage_partition,
 )
-from .base import Scheme, k_for, register, validate_density
+from .base import SELECT_KERNEL, Scheme, k_for, register, validate_density
 
 #: Cost model of the leader's bin packing (Alg. 4 l.6-8): ``"size"``, one
 #: unit per element, because the segmented top-k makes one pass over each
@@ -166,7 +166,7 @@ def local_k(sizes: Sequence[int], norms: Sequence[float], k_total: int) -> np.nd
 
 
 def select_layers(vec, layers: Sequence[Layer], ks: Sequence[int], part: Sequence[int],
-                  scratch=None, spans=None):
+                  scratch=None, spans=None, kernel: str = "native"):
     """Alg. 5: top-``ks[x]`` by magnitude in each layer ``x`` of ``part``.
 
     The fast counterpart of :func:`mpisparse.layer_partition.layerwise_topk`:
@@ -176,16 +176,18 @@ def select_layers(vec, layers: Sequence[Layer], ks: Sequence[int], part: Sequenc
     layer in the order of ``part``.  ``scratch`` (optional) is a buffer like
     ``vec`` the kernel may overwrite.  ``spans`` (optional) is the layers'
     ``(starts, sizes)`` arrays computed once by the caller (building them
-    walks every layer in Python, 0.7 ms for 288 layers).
+    walks every layer in Python, 0.7 ms for 288 layers).  ``kernel``: the
+    selection primitive (:mod:`mpisparse.backend.reference`; other than
+    native, one call per layer, the DEFT reference's loop).
     """
     starts, sizes = _spans(layers) if spans is None else spans
     p = np.asarray(part, dtype=np.int64).reshape(-1)
     k = np.asarray(ks, dtype=np.int64).reshape(-1)
-    return backend.segment_topk_abs(vec, starts[p], sizes[p], k[p], scratch=scratch)  # Alg. 5 l.2-6
+    return reference.segment_topk_abs(vec, starts[p], sizes[p], k[p], kernel, scratch=scratch)  # Alg. 5 l.2-6
 
 
 def simulate_selection_times(layout, grad, density: float, world_size: int,
-                             repeats: int = 3) -> dict[str, Any]:
+                             repeats: int = 3, kernel: str = "native") -> dict[str, Any]:
     """Every rank's Alg. 5 share of ``grad``, run one after another, timed.
 
     For ``W = world_size`` workers: Alg. 2 on ``layout``, Alg. 3 from
@@ -199,6 +201,7 @@ def simulate_selection_times(layout, grad, density: float, world_size: int,
     best of ``repeats`` too), ``per_rank_cost`` (eq. 4), ``predicted_speedup``
     (eq. 6 against a whole-vector top-k of ``k``),
     ``layers`` (count after Alg. 2), ``k`` and ``selected`` (sum of local k).
+    ``kernel``: the selection primitive of Alg. 5 (:mod:`mpisparse.backend.reference`).
     """
     density = validate_density(density)
     if isinstance(world_size, bool) or int(world_size) != world_size or world_size < 1:
@@ -230,7 +233,7 @@ def simulate_selection_times(layout, grad, density: float, world_size: int,
     for _ in range(repeats):  # ranks interleaved, so a burst of load hits them alike
         for rank, part in enumerate(parts):
             s = time.perf_counter()
-            idx = select_layers(grad, layers, ks, part, scratch, spans)  # Alg. 5
+            idx = select_layers(grad, layers, ks, part, scratch, spans, kernel)  # Alg. 5
             backend.synchronize(idx)
             per_rank[rank] = min(per_rank[rank], time.perf_counter() - s)
     mx, mean = max(per_rank), sum(per_rank) / world_size
@@ -266,6 +269,8 @@ def simulate_selection_times(layout, grad, density: float, world_size: int,
 @register("deft")
 class Deft(Scheme):
     """DEFT (Alg. 1-5 of the DEFT paper); see the module docstring."""
+
+    options = (SELECT_KERNEL,)
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -310,7 +315,8 @@ class Deft(Scheme):
         with self.phase("select"):
             s2 = time.perf_counter()
             part = decode_bins(self._bins, W)[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
-            idx = select_layers(acc, self.layers, ks, part, self._scratch, self._spans)  # Alg. 1 l.6 = Alg. 5
+            idx = select_layers(acc, self.layers, ks, part, self._scratch, self._spans,  # Alg. 1 l.6 = Alg. 5
+                                self.select_kernel)
             backend.synchronize(idx)
             s3 = time.perf_counter()
 

@@ -15,7 +15,8 @@ import math
 import numpy as np
 
 from .. import backend
-from .base import SchemeOption, SparseGatherScheme, register
+from ..backend import reference
+from .base import SELECT_KERNEL, SchemeOption, SparseGatherScheme, register
 
 
 @register("topk")
@@ -23,6 +24,7 @@ class TopK(SparseGatherScheme):
     options = (
         SchemeOption("layerwise", bool, False,
                      "topk: select ceil(density * size) entries in each layer instead of over the whole vector"),
+        SELECT_KERNEL,
     )
 
     @classmethod
@@ -48,7 +50,7 @@ class TopK(SparseGatherScheme):
         if self._scratch is None:
             self._scratch = xp.empty_like(acc)
         if not self.opts["layerwise"]:
-            return backend.topk_abs(acc, self.k, scratch=self._scratch)
-        # every layer in one segmented call (no per-layer loop)
-        return backend.segment_topk_abs(acc, self._layer_starts, self._layer_sizes, self._layer_k,
-                                        scratch=self._scratch)
+            return reference.topk_abs(acc, self.k, self.select_kernel, scratch=self._scratch)
+        # every layer in one segmented call (no per-layer loop; a per-layer loop with another --select-kernel)
+        return reference.segment_topk_abs(acc, self._layer_starts, self._layer_sizes, self._layer_k,
+                                          self.select_kernel, scratch=self._scratch)
