@@ -70,3 +70,21 @@ def test_dct_gives_the_same_steps_fused_and_plain(lifespan, monkeypatch):
     for (a, ca, ra), (b, cb, rb) in zip(plain[0], fast[0]):
         assert np.array_equal(a, b) and ca == cb and ra == rb
     assert np.array_equal(plain[1], fast[1]) and plain[2] == fast[2]
+
+
+@pytest.mark.parametrize("flag", ["0", "1"])
+def test_dct_scratch_is_one_layer_long_and_reused_layer_after_layer(flag, monkeypatch):
+    """The plain per-layer selection reuses one buffer as long as the largest layer (not one per element of
+    the vector): the same indices as with no scratch at all."""
+    n = 180_001
+    x = _vecs(n, 9)[1]
+    thr = [1.0, 0.5, 0.1, 2.0, 3.0]
+    longest = max(SEGS[1])
+    scratch = np.full(longest, np.nan, dtype=np.float32)
+    assert np.array_equal(fused.segments_threshold(x, *SEGS, thr, scratch=scratch, fused=False),
+                          fused.segments_threshold(x, *SEGS, thr, fused=False))
+    monkeypatch.setenv("MPISPARSE_FUSED", flag)
+    sch = create("dct", SelfComm(), LAYOUT, 0.01, seed=0, lifespan=2)
+    for s in range(3):
+        sch.step(_vecs(LAYOUT.n, seed=s)[2])
+    assert sch._scratch.shape == (max(s.size for s in LAYOUT.layers),)

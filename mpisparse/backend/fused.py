@@ -193,7 +193,7 @@ def _plain_segments(x, st, sz, thr, scratch):
         o, s = int(o), int(s)
         if s == 0:
             continue
-        hit = nk.threshold_select(x[o:o + s], t, scratch=None if scratch is None else scratch[o:o + s])
+        hit = nk.threshold_select(x[o:o + s], t, scratch=None if scratch is None else scratch[:s])
         if hit.size:
             parts.append(hit.astype(idt, copy=False) + idt(o))
     return np.concatenate(parts) if parts else np.empty(0, dtype=idt)
@@ -203,7 +203,9 @@ def segments_threshold(x: np.ndarray, starts, sizes, thresholds, *, scratch=None
                        fused: bool | None = None) -> np.ndarray:
     """The ascending indices ``i`` of ``x`` with ``|x[i]| >= thresholds[s]`` for the segment ``s``
     (``[starts[s], starts[s] + sizes[s])``) holding ``i``: ``threshold_select`` segment by segment, the
-    parts concatenated (segments ascending). With the compiled loop, one read of ``x``."""
+    parts concatenated (segments ascending). With the compiled loop, one read of ``x``. ``scratch``
+    (optional): a float buffer the segments reuse one after another, at least as long as the longest
+    segment's chunk buffer (the longest segment is always enough)."""
     n = x.shape[0]
     bounds = _segment_bounds(starts, sizes, n) if _use(fused) and n > nk.SMALL_N else None
     if bounds is None:

@@ -224,12 +224,12 @@ class DCT(SparseGatherScheme):
     def select(self, acc) -> np.ndarray:
         # Alg. 1 l.2 happened in compensate(): acc = W_grad + E_grad
         xp = backend.array_module(acc)
-        if self._scratch is None:
-            self._scratch = xp.empty_like(acc)
+        if self._scratch is None:  # one layer at a time: as long as the largest layer, not the vector
+            self._scratch = xp.empty(int(self.layout.sizes.max()), dtype=acc.dtype)
         lay = self.layout
         self.recomputed = self.taus is None or recompute_due(self.iteration, self.lifespan)  # Alg. 1 l.3
         if self.recomputed:
-            self.taus = [topk_threshold(lay.view(acc, i), k, scratch=lay.view(self._scratch, i),  # l.4-5
+            self.taus = [topk_threshold(lay.view(acc, i), k, scratch=self._scratch[:lay.layers[i].size],  # l.4-5
                                         kernel=self.select_kernel) for i, k in enumerate(self.layer_k)]
             self.recomputed_at.append(self.iteration)
         # else: Alg. 1 l.7, tau from iteration k - 1
@@ -245,7 +245,7 @@ class DCT(SparseGatherScheme):
             if self.layer_k[i] == 0:
                 continue
             hit = backend.threshold_select(lay.view(acc, i), self.taus[i],  # Alg. 1 l.9: |W| >= tau
-                                           scratch=lay.view(self._scratch, i))
+                                           scratch=self._scratch[:slot.size])
             if hit.size:
                 parts.append(hit.astype(idt, copy=False) + idt(slot.offset))
         # Alg. 1 l.10-12: the base sends acc[idx] (W_hat) with Allgatherv, sums
