@@ -112,7 +112,15 @@ class RankWorld:
         return lhs, np.sum([g for step in grads for g in step], axis=0, dtype=np.float64)
 
     def conserves_mass(self, outs, residual, what: str) -> None:
-        close(*self.mass_balance(outs, residual), f"{what}: error feedback does not conserve mass")
+        """Mass balance within float32 rounding: each element's tolerance grows with the magnitudes summed into
+        it (an element whose gradients nearly cancel has a tiny total but the rounding of its large terms)."""
+        lhs, rhs = self.mass_balance(outs, residual)
+        summed = np.sum([np.abs(g) for step in self.grads for g in step], axis=0, dtype=np.float64)
+        err = np.abs(lhs - rhs)
+        tol = 2e-5 * np.abs(rhs) + 16 * np.finfo(np.float32).eps * summed + 1e-12
+        bad = np.flatnonzero(err > tol)
+        assert bad.size == 0, (f"{what}: error feedback does not conserve mass at {bad.size} elements, e.g. [{bad[0]}]: "
+                               f"{lhs[bad[0]]!r} vs {rhs[bad[0]]!r} (tolerance {tol[bad[0]]:.3g})" if bad.size else "")
 
     def done(self, name: str, extra: str = "") -> None:
         if self.rank == 0:
