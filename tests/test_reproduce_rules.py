@@ -243,3 +243,31 @@ def test_a_communication_time_clearly_above_with_agreeing_repeats_is_no():
            if c.claim.startswith("The communication")]
     assert c.verdict == "no" and "against topk 5.92 vs 3.68: differ by 2.2, noise band 0.98" in c.note
     assert "mostly waiting" in c.note
+
+
+# --------------------------------------------------------------------------- claims judged with the paper's primitive
+def test_claims_about_the_papers_primitive_are_judged_with_it_and_report_the_toolkits_kernel():
+    """eq. 9, Fig. 7's selection and step, Fig. 8a's L=1: judged on the --select-kernel torch/sort jobs; the
+    toolkit's own kernels printed beside, with why they differ."""
+    eq9 = _claims("deft-speedup", _load(DATA / "deft-speedup@quick-3ed4415.json"))[1]
+    assert eq9.verdict == "yes" and eq9.measured.startswith("with torch.topk")
+    assert "with this toolkit's linear-time kernel" in eq9.measured and "W / imbalance" in eq9.note
+    sel, com, step = _claims("deft-breakdown", _load(DATA / "deft-breakdown@quick-3ed4415.json"))
+    assert sel.verdict == "yes" and step.verdict == "yes" and "job by job" in sel.note
+    assert "with this toolkit's kernels" in sel.measured and "slowest rank of each step" in sel.note
+    l1 = _claims("dct-threshold", _load(DATA / "dct-threshold@quick-3ed4415.json"))[2]
+    assert l1.verdict == "yes" and l1.measured.startswith("with the copy-and-sort")
+    assert "with this toolkit's selection: -" in l1.measured and "implementation difference" in l1.note
+
+
+def test_a_papers_primitive_run_where_deft_is_not_faster_is_no():
+    fx = _load(DATA / "deft-breakdown@quick-3ed4415.json")
+    deft = next(r for r in fx["data"]["paper_rows"] if r["scheme"] == "deft")
+    topk = next(r for r in fx["data"]["paper_rows"] if r["scheme"] == "topk")
+    deft["selection_samples"] = [1.3 * t for t in topk["selection_samples"]]
+    sel = _claims("deft-breakdown", fx)[0]
+    assert sel.verdict == "no" and "DEFT's time / topk 1.3 vs 1" in sel.note
+    fx = _load(DATA / "deft-speedup@quick-3ed4415.json")
+    for r in fx["data"]["paper_rows"]:
+        r["speedup_measured_samples"] = [0.5 * r["world_size"]] * 3
+    assert _claims("deft-speedup", fx)[1].verdict == "no"
