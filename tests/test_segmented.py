@@ -151,6 +151,33 @@ def test_compiled_and_numpy_paths_select_the_same_sets(monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("width", [np.uint32, np.uint64])
+def test_compiled_order_statistics_equal_a_sort(width):
+    """The compiled kernel's order statistics (in-place select, and the scan keeping the r largest) on keys
+    with many ties, sorted and reversed runs, against ``np.sort``."""
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    rng = np.random.default_rng(7)
+    top = np.empty(compiled_segments._TOP, width)
+    for it in range(600):
+        n = int(rng.integers(1, 400))
+        a = rng.integers(0, [2, 5, 60, 1 << 31][it % 4], n).astype(width)
+        if it % 5 == 1:
+            a.sort()
+        elif it % 5 == 2:
+            a = np.sort(a)[::-1].copy()
+        want = np.sort(a)
+        for r in {1, 2, min(n, compiled_segments._TOP), min(n, compiled_segments._TOP + 1), n, int(rng.integers(1, n + 1))}:
+            b = a.copy()
+            assert compiled_segments._rth_largest(b, n, r, top, np.empty(n, width)) == want[n - r]
+            np.testing.assert_array_equal(b, a)  # the input is left as it was
+        kth = int(rng.integers(0, n))
+        b = a.copy()
+        assert compiled_segments._select_kth(b, n, kth) == want[kth]
+        np.testing.assert_array_equal(np.sort(b), want)  # a permutation of the input
+        assert b[:kth].max(initial=0) <= want[kth] <= b[kth:].min()
+
+
 def test_segment_topk_abs_errors():
     x = np.zeros(10, np.float32)
     with pytest.raises(ValueError, match=r"ks\[0\] must be in \[0, 3\], got 4"):
