@@ -178,6 +178,28 @@ def test_compiled_order_statistics_equal_a_sort(width):
         assert b[:kth].max(initial=0) <= want[kth] <= b[kth:].min()
 
 
+def test_compiled_plan_equals_segment_plan():
+    """The compiled kernel's per-segment sample sizing is ``segment_plan``'s arithmetic, number for number."""
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    rng = np.random.default_rng(3)
+    sizes = np.concatenate([rng.integers(1, 100, 200), rng.integers(100, 3_000_000, 300), [1, 2, 7, 8, 9, 64]])
+    ks = np.array([int(rng.integers(0, s + 1)) if i % 3 == 0 else min(int(s), max(1, int(s * 10.0 ** rng.uniform(-4, -1))))
+                   for i, s in enumerate(sizes)], dtype=np.int64)
+    sizes = sizes.astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    for sizing in (nk._segc_sizing(), (32.0, 4.0, 256.0, 8192.0, 2.0, 2.0, 0.25), (16.0, 0.0, 256.0, 8192.0, 1.5, 1.0, 0.25)):
+        hits, sqrt_cap, _, smax, sigmas, extra, _ = sizing
+        want_m, want_r = nk.segment_plan(sizes, ks, sqrt_cap or None, hits=hits, sample_max=int(smax), sigmas=sigmas,
+                                         extra=extra)
+        m, r, ooff = np.empty_like(ks), np.empty_like(ks), np.empty(ks.size + 1, np.int64)
+        mmax = compiled_segments._plan(starts, sizes, ks, sizing, m, r, ooff)
+        np.testing.assert_array_equal(m, want_m)
+        np.testing.assert_array_equal(r, want_r)
+        np.testing.assert_array_equal(ooff, np.concatenate([[0], np.cumsum(ks)]))
+        assert mmax == want_m.max()
+
+
 def test_segment_topk_abs_errors():
     x = np.zeros(10, np.float32)
     with pytest.raises(ValueError, match=r"ks\[0\] must be in \[0, 3\], got 4"):

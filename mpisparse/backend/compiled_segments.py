@@ -17,7 +17,7 @@ segments (no NumPy call per segment):
    seeded by the caller; the positions are drawn first, then read in a
    loop of loads only, so that the cache misses overlap), and the
    ``r_i``-th largest of them is the threshold (:func:`_rth_largest`;
-   ``m_i``, ``r_i`` from :func:`segment_plan`: the expected sampled top-k
+   ``m_i``, ``r_i`` as :func:`segment_plan`'s (:func:`_plan`): the expected sampled top-k
    plus a margin of about 2 standard deviations: a retry costs one more
    read of one segment, a candidate a scan of its block);
 2. one pass over the segment in blocks of 64: a block's hits
@@ -166,20 +166,53 @@ try:  # optional: the compiled loop
         return _select_kth(tmp, n, n - r)
 
     @numba.njit(cache=True, nogil=True)
-    def _segments_pass(xu, mask, zero, st, sz, k, m, r, seed, ooff, out, cand, ckey, tmp,
+    def _plan(st, sz, k, sizing, m, r, ooff):  # pragma: no cover - compiled
+        """Per segment the sample size ``m[i]`` and starting rank ``r[i]``: the arithmetic of
+        :func:`mpisparse.backend.numpy_kernels.segment_plan`, one segment at a time (the NumPy version's
+        twenty calls cost 18 us a call, measured at 18 segments), and ``ooff``, the output offsets; returns
+        the largest ``m``.  ``sizing`` = ``(hits, sqrt_cap, sample_min, sample_max, sigmas, extra,
+        dense_fraction)``, ``sqrt_cap`` 0 for none."""
+        hits, sqrt_cap, smin, smax, sigmas, extra, dense = sizing
+        mmax = 0
+        ooff[0] = 0
+        for i in range(st.shape[0]):
+            ooff[i + 1] = ooff[i] + k[i]
+            s = float(sz[i])
+            kk = float(max(k[i], 1))
+            mm = np.ceil(hits * s / kk)
+            if sqrt_cap:
+                mm = min(mm, np.ceil(sqrt_cap * np.sqrt(s)))
+            mm = min(max(mm, smin), smax)
+            mm = max(1.0, min(mm, np.floor(s / 8)))
+            lam = mm * kk / max(s, 1.0)
+            rr = np.ceil(lam + sigmas * np.sqrt(lam) + extra)
+            if rr >= mm or k[i] > dense * s or k[i] >= sz[i]:
+                m[i] = 0
+                r[i] = 0
+            else:
+                m[i] = int(mm)
+                r[i] = int(rr)
+                mmax = max(mmax, m[i])
+        return mmax
+
+    @numba.njit(cache=True, nogil=True)
+    def _segments_pass(xu, mask, zero, st, sz, k, sizing, seed, out, cand, ckey, tmp,
                        max_retries):  # pragma: no cover - compiled
-        """Steps 1-4 of the module docstring for every segment; returns ``(cand, ckey, tmp)`` (grown or not).
+        """Steps 1-4 of the module docstring for every segment (sample sizes from :func:`_plan`); returns
+        ``(cand, ckey, tmp)`` (grown or not).
 
         ``zero`` is the key type's 0, passed in: a threshold of another integer type than the keys (``mask & 0``
         is int64 in numba) makes the pass compare in 64 bits, 2.7x slower (measured).  The sample's run
         positions are drawn first and read after, in a loop of loads only, so that the reads' cache misses
         overlap (they are random in a vector read from memory)."""
         S = st.shape[0]
+        m = np.empty(S, dtype=np.int64)
+        r = np.empty(S, dtype=np.int64)
+        ooff = np.empty(S + 1, dtype=np.int64)
+        mmax = max(_plan(st, sz, k, sizing, m, r, ooff), 1)
+        if tmp.shape[0] < mmax:  # the scratch also holds a sample
+            tmp = np.empty(mmax, dtype=tmp.dtype)
         np.random.seed(seed)  # numba's own generator: the sample positions follow from the caller's seed
-        mmax = 1
-        for i in range(S):
-            if m[i] > mmax:
-                mmax = m[i]
         sbuf = np.empty(mmax, dtype=xu.dtype)
         pbuf = np.empty(mmax, dtype=np.int64)
         top = np.empty(_TOP, dtype=xu.dtype)
@@ -317,37 +350,35 @@ class _State:
 _state = _State()
 
 
-def segment_topk(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.ndarray, m: np.ndarray,
-                 r: np.ndarray, seed: int, out: np.ndarray, max_retries: int) -> bool:
+def segment_topk(x: np.ndarray, st: np.ndarray, sz: np.ndarray, k: np.ndarray, sizing: tuple, seed: int,
+                 out: np.ndarray, max_retries: int) -> bool:
     """Fill ``out`` (grouped by segment, ``k`` per segment) with the segmented top-k of ``x``; False when the
     compiled loop cannot run here (not enabled, or ``x`` not a contiguous float32/float64 vector), then
     ``out`` is untouched.
 
-    ``st``, ``sz``, ``k``, ``m``, ``r``: int64 per segment (starts, sizes, k, sample size, starting rank:
-    :func:`mpisparse.backend.numpy_kernels.segment_plan`); ``seed`` seeds numba's generator for the sample
-    positions (the caller draws it from its ``rng``).
+    ``st``, ``sz``, ``k``: int64 per segment (starts, sizes, k), checked by the caller; ``sizing``: the
+    seven numbers of the sample sizing (:func:`_plan`: ``segment_plan``'s arguments); ``seed`` seeds
+    numba's generator for the sample positions (the caller draws it from its ``rng``).
     """
     if not (_HAVE_NUMBA and enabled()) or x.ndim != 1 or not x.flags.c_contiguous:
         return False
     if x.dtype == np.float32:
-        xu, mask, zero = x.view(np.uint32), np.uint32(0x7FFFFFFF), np.uint32(0)
+        xu, mask, zero = x.view(np.uint32), _MASK32, _ZERO32
     elif x.dtype == np.float64:
-        xu, mask, zero = x.view(np.uint64), np.uint64(0x7FFFFFFFFFFFFFFF), np.uint64(0)
+        xu, mask, zero = x.view(np.uint64), _MASK64, _ZERO64
     else:
         return False
     width = x.dtype.itemsize
-    cand, ckey, tmp = _state.buf.get(width, (None, None, None))
-    if cand is None:
-        cap = max(1024, 4 * int(k.max(initial=0)) + 1024, int(m.max(initial=0)))
-        cand, ckey, tmp = np.empty(cap, np.int64), np.empty(cap, xu.dtype), np.empty(cap, xu.dtype)
-    elif tmp.shape[0] < m.max(initial=0):  # the scratch also holds a sample
-        tmp = np.empty(int(m.max()), xu.dtype)
-    ooff = np.zeros(k.size + 1, dtype=np.int64)
-    np.cumsum(k, out=ooff[1:])
-    cand, ckey, tmp = _segments_pass(xu, mask, zero, st, sz, k, m, r, seed, ooff, out, cand, ckey, tmp,
-                                     int(max_retries))
-    _state.buf[width] = (cand, ckey, tmp)
+    bufs = _state.buf.get(width)
+    if bufs is None:
+        cap = max(1024, 4 * int(k.max(initial=0)) + 1024)
+        bufs = (np.empty(cap, np.int64), np.empty(cap, xu.dtype), np.empty(cap, xu.dtype))
+    _state.buf[width] = _segments_pass(xu, mask, zero, st, sz, k, sizing, seed, out, *bufs, max_retries)
     return True
+
+
+_MASK32, _ZERO32 = np.uint32(0x7FFFFFFF), np.uint32(0)
+_MASK64, _ZERO64 = np.uint64(0x7FFFFFFFFFFFFFFF), np.uint64(0)
 
 
 def compensate_norms(e: np.ndarray, g: np.ndarray, st: np.ndarray, sz: np.ndarray) -> np.ndarray | None:
