@@ -200,6 +200,23 @@ def test_compiled_plan_equals_segment_plan():
         assert mmax == want_m.max()
 
 
+def test_compiled_kernel_grows_its_kept_buffers(monkeypatch):
+    """Buffers kept from a call with small k are grown inside the kernel when a later call needs more room for
+    its candidates or its sample (a sample of 1,600 keys, an order statistic of rank above ``_TOP``)."""
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    monkeypatch.setenv("MPISPARSE_FUSED", "1")
+    monkeypatch.setattr(compiled_segments._state, "buf", {})
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(3_000_000).astype(np.float32)
+    for starts, sizes, ks in (([0], [5000], [3]), ([0, 2_000_000], [2_000_000, 1_000_000], [20_000, 400_000])):
+        got = nk.segment_topk_abs(x, starts, sizes, ks, rng=2)
+        for g, w in zip(split(got, ks), ref_topk(x, starts, sizes, ks)):
+            np.testing.assert_array_equal(g, w)
+    cand, ckey, tmp = compiled_segments._state.buf[4]
+    assert cand.size >= 400_000 and ckey.size == cand.size and tmp.size >= cand.size
+
+
 def test_segment_topk_abs_errors():
     x = np.zeros(10, np.float32)
     with pytest.raises(ValueError, match=r"ks\[0\] must be in \[0, 3\], got 4"):
