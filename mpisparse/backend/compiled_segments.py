@@ -28,9 +28,10 @@ segments (no NumPy call per segment):
    raised from the same sorted sample and the pass repeated; after
    ``max_retries`` passes the threshold is 0 (every entry a candidate);
 4. the ``k_i``-th largest candidate key (:func:`_rth_largest`: one scan
-   keeping the largest keys when ``k_i <= _TOP``, otherwise an in-place
-   select on a copy of the candidates' keys), then the entries above it
-   and the first of the entries equal to it up to ``k_i``.
+   keeping the largest keys when ``k_i <= _TOP``, otherwise a histogram
+   of the candidates' keys and an in-place select among the keys of the
+   one bucket that holds it), then the entries above it and the first of
+   the entries equal to it up to ``k_i``.
 
 The candidate buffers grow to the largest count seen and are kept.  The
 result never depends on the sample, only the time does.  This module imports
@@ -57,6 +58,8 @@ del _i
 _RUN = 16
 #: an order statistic of rank up to this (from the top) is found by one scan keeping the largest keys seen
 _TOP = 16
+#: buckets of the histogram that narrows a larger order statistic to one bucket's keys
+_BUCKETS = 1024
 
 try:  # optional: the compiled loop
     import numba
@@ -148,7 +151,8 @@ try:  # optional: the compiled loop
     def _rth_largest(a, n, r, top, tmp):  # pragma: no cover - compiled
         """The ``r``-th largest of ``a[:n]`` (``1 <= r <= n``), ``a`` unchanged: for ``r`` up to
         ``top.shape[0]`` one scan keeping the ``r`` largest in ``top`` (sorted, a few compares per key:
-        0.35 us on 900 keys), otherwise a copy into ``tmp`` partitioned by :func:`_select_kth`."""
+        0.35 us on 900 keys), otherwise a histogram of the keys narrows it to one bucket's keys, copied into
+        ``tmp`` and partitioned by :func:`_select_kth`."""
         if r <= top.shape[0]:
             for j in range(r):
                 top[j] = 0  # keys are unsigned: 0 is below or equal to every key
@@ -161,9 +165,34 @@ try:  # optional: the compiled loop
                         q += 1
                     top[q - 1] = v
             return top[0]
+        # a histogram of the keys above the smallest (at most _BUCKETS buckets), then an in-place select
+        # among the keys of the one bucket that holds the answer: three linear passes, no data-dependent
+        # branches in the first two (a select over all of them mispredicts a branch per key or so)
+        lo = a[0]
+        hi = a[0]
+        for j in range(1, n):
+            v = a[j]
+            lo = min(lo, v)
+            hi = max(hi, v)
+        span = hi - lo
+        shift = 0
+        while (span >> shift) >= _BUCKETS:
+            shift += 1
+        nb = (span >> shift) + 1
+        hist = np.zeros(nb, dtype=np.int64)
         for j in range(n):
-            tmp[j] = a[j]
-        return _select_kth(tmp, n, n - r)
+            hist[(a[j] - lo) >> shift] += 1
+        b = nb - 1
+        above = 0
+        while above + hist[b] < r:  # the r-th largest lies in bucket b, rank r - above there from the top
+            above += hist[b]
+            b -= 1
+        m = 0
+        for j in range(n):
+            if (a[j] - lo) >> shift == b:
+                tmp[m] = a[j]
+                m += 1
+        return _select_kth(tmp, m, m - (r - above))
 
     @numba.njit(cache=True, nogil=True)
     def _plan(st, sz, k, sizing, m, r, ooff):  # pragma: no cover - compiled
