@@ -151,6 +151,72 @@ def test_compiled_and_numpy_paths_select_the_same_sets(monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("width", [np.uint32, np.uint64])
+def test_compiled_order_statistics_equal_a_sort(width):
+    """The compiled kernel's order statistics (in-place select, and the scan keeping the r largest) on keys
+    with many ties, sorted and reversed runs, against ``np.sort``."""
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    rng = np.random.default_rng(7)
+    top = np.empty(compiled_segments._TOP, width)
+    for it in range(600):
+        n = int(rng.integers(1, 400))
+        a = rng.integers(0, [2, 5, 60, 1 << 31][it % 4], n).astype(width)
+        if it % 5 == 1:
+            a.sort()
+        elif it % 5 == 2:
+            a = np.sort(a)[::-1].copy()
+        want = np.sort(a)
+        for r in {1, 2, min(n, compiled_segments._TOP), min(n, compiled_segments._TOP + 1), n, int(rng.integers(1, n + 1))}:
+            b = a.copy()
+            assert compiled_segments._rth_largest(b, n, r, top, np.empty(n, width)) == want[n - r]
+            np.testing.assert_array_equal(b, a)  # the input is left as it was
+        kth = int(rng.integers(0, n))
+        b = a.copy()
+        assert compiled_segments._select_kth(b, n, kth) == want[kth]
+        np.testing.assert_array_equal(np.sort(b), want)  # a permutation of the input
+        assert b[:kth].max(initial=0) <= want[kth] <= b[kth:].min()
+
+
+def test_compiled_plan_equals_segment_plan():
+    """The compiled kernel's per-segment sample sizing is ``segment_plan``'s arithmetic, number for number."""
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    rng = np.random.default_rng(3)
+    sizes = np.concatenate([rng.integers(1, 100, 200), rng.integers(100, 3_000_000, 300), [1, 2, 7, 8, 9, 64]])
+    ks = np.array([int(rng.integers(0, s + 1)) if i % 3 == 0 else min(int(s), max(1, int(s * 10.0 ** rng.uniform(-4, -1))))
+                   for i, s in enumerate(sizes)], dtype=np.int64)
+    sizes = sizes.astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    for sizing in (nk._segc_sizing(), (32.0, 4.0, 256.0, 8192.0, 2.0, 2.0, 0.25), (16.0, 0.0, 256.0, 8192.0, 1.5, 1.0, 0.25)):
+        hits, sqrt_cap, _, smax, sigmas, extra, _ = sizing
+        want_m, want_r = nk.segment_plan(sizes, ks, sqrt_cap or None, hits=hits, sample_max=int(smax), sigmas=sigmas,
+                                         extra=extra)
+        m, r, ooff = np.empty_like(ks), np.empty_like(ks), np.empty(ks.size + 1, np.int64)
+        mmax = compiled_segments._plan(starts, sizes, ks, sizing, m, r, ooff)
+        np.testing.assert_array_equal(m, want_m)
+        np.testing.assert_array_equal(r, want_r)
+        np.testing.assert_array_equal(ooff, np.concatenate([[0], np.cumsum(ks)]))
+        assert mmax == want_m.max()
+
+
+def test_compiled_kernel_grows_its_kept_buffers(monkeypatch):
+    """Buffers kept from a call with small k are grown inside the kernel when a later call needs more room for
+    its candidates or its sample (a sample of 1,600 keys, an order statistic of rank above ``_TOP``)."""
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    monkeypatch.setenv("MPISPARSE_FUSED", "1")
+    monkeypatch.setattr(compiled_segments._state, "buf", {})
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(3_000_000).astype(np.float32)
+    for starts, sizes, ks in (([0], [5000], [3]), ([0, 2_000_000], [2_000_000, 1_000_000], [20_000, 400_000])):
+        got = nk.segment_topk_abs(x, starts, sizes, ks, rng=2)
+        for g, w in zip(split(got, ks), ref_topk(x, starts, sizes, ks)):
+            np.testing.assert_array_equal(g, w)
+    cand, ckey, tmp = compiled_segments._state.buf[4]
+    assert cand.size >= 400_000 and ckey.size == cand.size and tmp.size >= cand.size
+
+
 def test_segment_topk_abs_errors():
     x = np.zeros(10, np.float32)
     with pytest.raises(ValueError, match=r"ks\[0\] must be in \[0, 3\], got 4"):

@@ -666,6 +666,13 @@ _SEGC_SIGMAS = 1.5
 _SEGC_EXTRA = 1
 
 
+def _segc_sizing() -> tuple:
+    """The compiled kernel's sizing as :func:`segment_plan`'s arguments, in the order of
+    :func:`mpisparse.backend.compiled_segments._plan` (which does the same arithmetic in the kernel)."""
+    return (float(_SEGC_HITS), float(_SEGC_SQRT or 0.0), float(_SEG_SAMPLE_MIN), float(_SEGC_MAX),
+            float(_SEGC_SIGMAS), float(_SEGC_EXTRA), float(DENSE_FRACTION))
+
+
 def _seg_thresholds(samp_sorted: np.ndarray, soff: np.ndarray, m: np.ndarray, r: np.ndarray,
                     kdt, wide: bool) -> np.ndarray:
     """The ``r_i``-th largest sampled key of every sampled segment (0 where ``m_i == 0``)."""
@@ -708,9 +715,7 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
         return out
     rng = _get_rng(rng)
     if compiled_segments.enabled() and x.flags.c_contiguous:  # the compiled loop: every segment in one call
-        m, r = segment_plan(sz, k, _SEGC_SQRT, hits=_SEGC_HITS, sample_max=_SEGC_MAX, sigmas=_SEGC_SIGMAS,
-                            extra=_SEGC_EXTRA)
-        if compiled_segments.segment_topk(x, st, sz, k, m, r, int(rng.integers(1 << 32)), out, MAX_RETRIES):
+        if compiled_segments.segment_topk(x, st, sz, k, _segc_sizing(), int(rng.integers(1 << 32)), out, MAX_RETRIES):
             return out
     on = k > 0
     # small and large segments apart (see SEG_SMALL): two calls, their outputs put in their slots
