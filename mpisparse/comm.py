@@ -138,6 +138,10 @@ def decide_cuda_aware_how(override: bool | None = None, mpi_comm=None, *, librar
     return ok, "probe: device buffers arrived intact" if ok else "probe: device buffers arrived wrong"
 
 
+#: the collectives that wait at a barrier first under ``wait_timer`` (never point-to-point calls)
+_COLLECTIVES = frozenset({"allreduce", "bcast", "allgather_counts", "allgatherv", "alltoall_counts", "alltoallv"})
+
+
 class Communicator:
     """A counted, timed, checked view of an MPI communicator.
 
@@ -169,6 +173,10 @@ class Communicator:
         # Open MPI's non-blocking operations must never see a device buffer
         self.open_mpi = "Open MPI" in MPI.Get_library_version()
         self._local: tuple[int, int] | None = None
+        #: ``bench step --separate-wait``: a :class:`mpisparse.timing.PhaseTimer`; every collective first
+        #: waits for all ranks at a barrier, and that wait moves from the caller's phase to ``wait``, so
+        #: the exchange phases hold the transfer alone (None: no barrier)
+        self.wait_timer = None
 
     # ------------------------------------------------------------------ stats
     @property
@@ -183,6 +191,10 @@ class Communicator:
 
     @contextmanager
     def _timed(self, op: str, nbytes: int) -> Iterator[None]:
+        if self.wait_timer is not None and op in _COLLECTIVES:
+            w0 = time.perf_counter()
+            self.comm.Barrier()
+            self.wait_timer.carve("wait", time.perf_counter() - w0)
         t0 = time.perf_counter()
         yield
         self._record(op, nbytes, time.perf_counter() - t0)

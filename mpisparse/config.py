@@ -248,6 +248,9 @@ class BenchConfig:
     gradients: str = "synthetic"
     #: ``--trace``: write the per-rank, per-phase spans of the timed steps here (Chrome trace-event JSON)
     trace: str | None = None
+    #: ``--separate-wait``: a barrier before every collective, its time in phase ``wait``: the exchange
+    #: phases hold the transfer alone (:attr:`mpisparse.comm.Communicator.wait_timer`)
+    separate_wait: bool = False
 
     def validate(self, world: int | None = None) -> BenchConfig:
         """Check every field, then the runtime's own checks (a pipeline scheme has no ``bench``).
@@ -286,6 +289,11 @@ class BenchConfig:
             if self.device != "cpu":
                 raise ValueError(f"--gradients model runs on --device cpu; --device is {self.device!r}")
         _int("--servers", self.servers, 1)
+        _bool("--separate-wait", self.separate_wait)
+        if self.separate_wait and (self.hierarchical or cls.runtime != "collective"):
+            raise ValueError(f"--separate-wait times the wait before flat collectives: it applies to the "
+                             f"data-parallel schemes without --hierarchical, not to {self.scheme!r}"
+                             + (" with --hierarchical" if self.hierarchical else f" ({cls.runtime} runtime)"))
         self.scheme_options = cls.validate_options(dict(self.scheme_options))
         _world(cls, world)
         from .runtimes import check_bench

@@ -38,6 +38,7 @@ class PhaseTimer:
         self.sync = sync
         self.records: list[dict[str, float]] = []
         self._current: dict[str, float] | None = None
+        self._open: list[str] = []  # the phases open now, innermost last
         #: with ``trace``: ``(name, start, end, step)`` of every timed step and phase, in seconds since
         #: the epoch (wall clock at the timer's creation plus the performance counter since), for
         #: :mod:`mpisparse.results.trace`
@@ -63,15 +64,29 @@ class PhaseTimer:
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
         t0 = self._now()
+        self._open.append(name)
         try:
             yield
         finally:
+            self._open.pop()
             cur = self._current
             if cur is not None:
                 t1 = self._now()
                 cur[name] = cur.get(name, 0.0) + t1 - t0
                 if self.spans is not None:
                     self.spans.append((name, t0, t1, len(self.records)))
+
+    def carve(self, name: str, seconds: float) -> None:
+        """Move ``seconds`` of the innermost open phase to phase ``name`` (a wait measured inside it, e.g.
+        the barrier before a collective with ``bench step --separate-wait``); nothing outside a timed step."""
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}; phases are: {', '.join(PHASES)}")
+        cur = self._current
+        if cur is None or not (self.enabled and self.recording):
+            return
+        if self._open:
+            cur[self._open[-1]] = cur.get(self._open[-1], 0.0) - seconds
+        cur[name] = cur.get(name, 0.0) + seconds
 
     @contextmanager
     def step(self) -> Iterator[dict[str, float]]:

@@ -47,6 +47,8 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     grad = drawn if xp is np else layout.empty(xp=xp)  # the step's input, on the run's device
     sch.use_array_module(xp)
     on_device = grad is not drawn
+    if cfg.separate_wait:  # the barrier before each collective is timed as "wait", not as the exchange
+        comm.wait_timer = timer
     # this scheme's own peak (Linux): what earlier schemes of the job held is freed and forgotten, and so is
     # the generator's start-up (a float64 draw of its pool); its pool and the gradient buffer stay counted
     reset_peak_rss()
@@ -79,6 +81,7 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
             rss[it + 1] = current_rss_bytes()
         if progress is not None:
             progress(it + 1, warmup + iters)
+    comm.wait_timer = None
     if cfg.trace is not None:  # collective: every rank's spans, written by rank 0
         from ..results.trace import write_trace
 
@@ -99,6 +102,6 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
         rss_bytes_at_step=rss or None, hierarchy=hierarchy,
         config={"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
                 "seed": seed, "memory": memory, "diagnostics": diagnostics, "device": cfg.device,
-                "gradients": cfg.gradients,
+                "gradients": cfg.gradients, "separate_wait": cfg.separate_wait,
                 **({"rss_at": list(cfg.rss_at)} if cfg.rss_at else {}), **sch.opts})
 

@@ -68,6 +68,9 @@ def _steps(value: str) -> list[int]:
 @click.option("--rss-at", "rss_at", default=None, callback=lambda ctx, param, v: None if v is None else _steps(v), metavar="STEP[,STEP...]",
               help="Collective schemes: record each rank's resident memory after these steps (warm-up "
                    "included; the result's rss_bytes_at_step, max over ranks), e.g. 200,2000 to look for a leak.")
+@click.option("--separate-wait", is_flag=True,
+              help="Data-parallel schemes: a barrier before every collective, its time in phase 'wait', so the "
+                   "exchange phases hold the transfer alone (not the wait for the slowest rank).")
 @scheme_options
 @cuda_aware_option
 @trace_option
@@ -75,7 +78,7 @@ def _steps(value: str) -> list[int]:
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
                check_collectives, diagnostics, json_path, csv_path, plot_path, rss_at, servers, cuda_aware=None,
                hierarchical=False, gradients="synthetic", trace=None, progress_interval=10.0, no_progress=False,
-               **scheme_opts) -> None:
+               separate_wait=False, **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     output.configure_progress(progress_interval, not no_progress)
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
@@ -85,7 +88,8 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
                                   memory=not no_memory, scheme_options=dict(per_scheme[s]),
                                   diagnostics=diagnostics, servers=servers, check_collectives=check_collectives,
                                   hierarchical=hierarchical, cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device,
-                                  gradients=gradients, trace=trace_path(trace, s, len(schemes) > 1)), nprocs)
+                                  gradients=gradients, trace=trace_path(trace, s, len(schemes) > 1),
+                                  separate_wait=separate_wait), nprocs)
             for s in schemes]
     usage(check_device_usable, device, need_torch=False)
     check_plot(plot_path)
