@@ -290,10 +290,6 @@ class BenchConfig:
                 raise ValueError(f"--gradients model runs on --device cpu; --device is {self.device!r}")
         _int("--servers", self.servers, 1)
         _bool("--separate-wait", self.separate_wait)
-        if self.separate_wait and (self.hierarchical or cls.runtime != "collective"):
-            raise ValueError(f"--separate-wait times the wait before flat collectives: it applies to the "
-                             f"data-parallel schemes without --hierarchical, not to {self.scheme!r}"
-                             + (" with --hierarchical" if self.hierarchical else f" ({cls.runtime} runtime)"))
         self.scheme_options = cls.validate_options(dict(self.scheme_options))
         _world(cls, world)
         from .runtimes import check_bench

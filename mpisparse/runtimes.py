@@ -125,6 +125,10 @@ def check_bench(cfg: BenchConfig, world: int | None = None) -> None:
     """The runtime's own checks of a ``bench`` configuration (called by ``BenchConfig.validate``)."""
     rt = runtime_of(cfg.scheme)
     rt.refuse_bench(cfg.scheme)
+    if cfg.separate_wait and (cfg.hierarchical or rt.name != "collective"):
+        raise ValueError(f"--separate-wait times the wait before flat collectives: it applies to the "
+                         f"data-parallel schemes without --hierarchical, not to {cfg.scheme!r}"
+                         + (" with --hierarchical" if cfg.hierarchical else f" ({rt.name} runtime)"))
     rt.check_config(cfg, world)
 
 
