@@ -40,7 +40,8 @@ def test_validate_fills_the_option_defaults_and_checks_the_world():
         BenchConfig(model="ncf", scheme="dgs", servers=2).validate(world=2)
     with pytest.raises(ValueError, match="sparsifies activations between pipeline stages"):
         BenchConfig(model="ncf", scheme="dct-mp").validate()
-    assert BenchConfig(model="ncf", scheme="topk").validate(world=4).scheme_options == {"layerwise": False}
+    assert BenchConfig(model="ncf", scheme="topk").validate(world=4).scheme_options == {"layerwise": False,
+                                                                                        "select_kernel": "native"}
 
 
 class FakeComm:
