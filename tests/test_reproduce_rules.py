@@ -271,3 +271,14 @@ def test_a_papers_primitive_run_where_deft_is_not_faster_is_no():
     for r in fx["data"]["paper_rows"]:
         r["speedup_measured_samples"] = [0.5 * r["world_size"]] * 3
     assert _claims("deft-speedup", fx)[1].verdict == "no"
+
+
+def test_the_communication_claim_compares_transfer_when_the_wait_is_separated():
+    """With --separate-wait the exchange phases hold the transfer alone and the note says so (the wait per
+    scheme printed); without, the older note: the measured difference is mostly waiting."""
+    fx = _load(DATA / "deft-breakdown@quick-54e983e.json")
+    com = _claims("deft-breakdown", fx)[1]
+    assert "the transfer alone" in com.note and "wait: topk" in com.note and "two more collectives" in com.note
+    assert all(r["separate_wait"] for r in fx["data"]["rows"])
+    old = _claims("deft-breakdown", _load(DATA / "deft-breakdown@quick-4d2a8ac.json"))[1]
+    assert "mostly waiting" in old.note and "the transfer alone" not in old.note
