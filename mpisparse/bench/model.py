@@ -28,11 +28,19 @@ def model_size(model: str) -> int:
 
 
 def link_from_exchange(path: str) -> cm.Link:
-    """Fit the link to the ``topk`` results of a ``bench exchange --json`` file."""
+    """Fit the link to the ``topk`` results of a ``bench exchange --json`` file.
+
+    Where the results hold the exchange's phases, the values' Allgatherv alone is fitted (the ranks
+    enter it together, right after the indices' Allgatherv); the whole exchange also holds each rank's
+    wait for the slowest selection, which is not the link's."""
     data = json.loads(Path(path).read_text())
-    rows = data if isinstance(data, list) else [data]
-    points = [(int(r["world_size"]), int(r["k"]), float(r["exchange_seconds"]))
-              for r in rows if r.get("scheme") == "topk" and r.get("k") and r.get("exchange_seconds")]
+    rows = [r for r in (data if isinstance(data, list) else [data])
+            if r.get("scheme") == "topk" and r.get("k") and r.get("exchange_seconds")]
+    values = [(int(r["world_size"]), int(r["k"]), float(r["exchange_phases"]["exchange_values"]))
+              for r in rows if (r.get("exchange_phases") or {}).get("exchange_values")]
+    if len(values) >= 2 and len(values) == len(rows):
+        return cm.fit_link(values, messages=1, bytes_per_element=4)
+    points = [(int(r["world_size"]), int(r["k"]), float(r["exchange_seconds"])) for r in rows]
     if len(points) < 2:
         raise ValueError(f"{path}: needs topk exchange results at 2 or more densities (bench exchange --scheme "
                          f"topk --densities D1,D2); found {len(points)}")

@@ -244,7 +244,8 @@ def bench_model(model, densities, worlds, rate, latency_us, exchange_json, share
     link = usage(bm.link_from_exchange, exchange_json) if exchange_json else \
         cm.Link(latency=latency_us * 1e-6, bandwidth=usage(cm.parse_rate, rate))
     check_plot(plot_path)
-    res = bm.run_model(model=model, densities=densities, worlds=worlds, link=link, rates=cm.measure_rates(),
+    res = bm.run_model(model=model, densities=densities, worlds=worlds, link=link,
+                       rates=cm.measure_rates(n=bm.model_size(model)),
                        shared_cores=shared_cores, measured=bm.load_measured(measured))
     click.echo(bm.format_model(res))
     if json_path:
