@@ -33,7 +33,10 @@ per merged entry); the update scatters the received entries (``scatter``
 per entry, the compiled scatter-add with its clear and scale; top-k: ``W k``
 entries, the build-up); dense scales ``n``.  ``shared_cores``: when the
 ranks share fewer cores than there are ranks (the emulated cluster: every
-host on this machine's cores), compute phases stretch by ``W / shared_cores``.
+host on this machine's cores), compute phases stretch by ``W / shared_cores``, and a pass over the vector
+(compensation, dense's scaling) costs at least ``stream_shared`` per element
+once ``W >= shared_cores``: that many passes run at once and share the
+machine's memory bandwidth.
 
 What it leaves out: overlap between phases, the wait for the slowest rank
 beyond imbalance, congestion beyond one link per host, and the protocol
@@ -83,6 +86,7 @@ class Rates:
     segmented: float  # DEFT's per-layer top-k over a rank's layers, per element
     pick: float = 0.0  # per selected element: the exact pick among the candidates and the values' gather
     merge: float = 0.0  # gTop-k: per entry of the two k-sets one round merges (union, sum, top k)
+    stream_shared: float = 0.0  # ``stream`` with several passes at once sharing memory bandwidth (0: not timed)
 
 
 def parse_rate(text: str) -> float:
@@ -134,25 +138,28 @@ def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: 
     k = max(1, int(density * n))
     lg = _log2(W)
     stretch = max(1.0, W / shared_cores) if shared_cores else 1.0
+    # shared cores all busy: as many passes over a vector at once, which share the memory bandwidth
+    floor = rates.stream_shared if shared_cores and W >= shared_cores else 0.0
+    fused, stream = max(rates.fused, floor), max(rates.stream, floor)
     if scheme == "dense":
-        comp = {"compensate": 0.0, "select": 0.0, "update": rates.stream * n}
+        comp = {"compensate": 0.0, "select": 0.0, "update": stream * n}
         m = 4 * n
         comm = 2 * lg * a + 2 * (W - 1) / W * m * b
     elif scheme == "topk":
-        comp = {"compensate": rates.fused * n, "select": rates.pick * k, "update": rates.scatter * min(n, W * k)}
+        comp = {"compensate": fused * n, "select": rates.pick * k, "update": rates.scatter * min(n, W * k)}
         comm = 3 * lg * a + (W - 1) * k * (_INDEX_BYTES + _VALUE_BYTES) * b
     elif scheme == "cltk":  # the leader's pass and pick: the others wait for them in the Bcast
-        comp = {"compensate": rates.fused * n, "select": rates.pick * k, "update": rates.scatter * k}
+        comp = {"compensate": fused * n, "select": rates.pick * k, "update": rates.scatter * k}
         comm = _bcast(k * _INDEX_BYTES, W, a, b) + 2 * lg * a + 2 * (W - 1) / W * k * _VALUE_BYTES * b
     elif scheme == "deft":
         frac = min(1.0, imbalance / W)
-        comp = {"compensate": rates.stream * n, "select": rates.segmented * n * frac + rates.pick * k * frac,
+        comp = {"compensate": stream * n, "select": rates.segmented * n * frac + rates.pick * k * frac,
                 "update": rates.scatter * k}
         comm = (lg * a  # the leader's bins (an int32 per layer: a short Bcast, its bytes negligible)
                 + 2 * lg * a + (W - 1) / W * k * _INDEX_BYTES * b  # counts, then the indices (Allgatherv)
                 + 2 * lg * a + 2 * (W - 1) / W * k * _VALUE_BYTES * b)  # the values (Allreduce)
     else:  # gtopk
-        comp = {"compensate": rates.fused * n, "select": rates.pick * k + rates.merge * 2 * k * lg,
+        comp = {"compensate": fused * n, "select": rates.pick * k + rates.merge * 2 * k * lg,
                 "update": rates.scatter * k}
         comm = lg * (2 * a + k * (_INDEX_BYTES + _VALUE_BYTES) * b)  # each round: a sendrecv, both ways at once
     out = {p: v * stretch for p, v in comp.items()}
@@ -163,14 +170,17 @@ def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: 
 def fit_link(points: list[tuple[int, int, float]], *, messages: int = 3,
              bytes_per_element: int = _INDEX_BYTES + _VALUE_BYTES) -> Link:
     """A :class:`Link` from ``(world, k, seconds)`` of top-k exchanges (``bench exchange``, one W, several
-    densities): least squares of ``t = messages log2(W) a + (W - 1) k bytes_per_element b`` over the points.
+    densities): least squares of ``t = messages log2(W) a + (W - 1) k bytes_per_element b`` over the points,
+    in relative error (the largest exchange would otherwise decide the latency of the smallest).
     The defaults fit the whole exchange (counts, indices and values: three Allgathervs, 8 bytes per
     element); ``messages=1, bytes_per_element=4`` fits the values' Allgatherv alone."""
     if len(points) < 2:
         raise ValueError(f"fitting a link needs top-k exchanges at 2 or more densities; got {len(points)}")
     A = np.array([[messages * _log2(w), (w - 1) * k * bytes_per_element] for w, k, _ in points], dtype=float)
     t = np.array([s for _, _, s in points], dtype=float)
-    (a, b), *_ = np.linalg.lstsq(A, t, rcond=None)
+    if not np.all(t > 0):
+        raise ValueError(f"exchange times {t.tolist()} s; they must be > 0")
+    (a, b), *_ = np.linalg.lstsq(A / t[:, None], np.ones_like(t), rcond=None)  # relative errors: each counts alike
     if not b > 0:
         raise ValueError("the top-k exchange times do not grow with k: no bandwidth can be fitted")
     return Link(latency=max(0.0, float(a)), bandwidth=1.0 / float(b))
@@ -193,8 +203,8 @@ def crossover(n: int, density: float, link: Link, rates: Rates, *, max_world: in
     return None
 
 
-def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 3, *,
-                  dense_density: float = 0.01) -> Rates:
+def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
+                  dense_density: float = 0.01, concurrent: int = 1) -> Rates:
     """Time the kernels on this machine (one thread), median of ``repeats``: seconds per element.
 
     ``n``: the vector size (the model's: random accesses into the output cost more the larger it is).
@@ -202,7 +212,9 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 3, *,
     ``dense_density * n`` elements among the fused pass's candidates and the gather of their values, per
     selected element (what ``select`` does after the pass); ``scatter`` is the
     compiled scatter-add (:func:`mpisparse.backend.scatter_sum`, the previous set cleared, the sum scaled)
-    of ``dense_density * n`` random entries; ``merge`` gTop-k's merge of two such sets."""
+    of ``dense_density * n`` random entries; ``merge`` gTop-k's merge of two such sets.  ``concurrent`` > 1:
+    ``stream_shared`` is the stream pass timed in that many threads at once, each over its own vectors
+    (NumPy releases the GIL: the passes share only the memory bandwidth), wall seconds per element."""
     from . import backend
     from .backend import fused as fused_mod
     from .backend import numpy_kernels as nk
@@ -253,8 +265,31 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 3, *,
     sizes = np.full(layers, n // layers, dtype=np.int64)
     ks = np.maximum(1, (sizes * density).astype(np.int64))
     segmented = med(lambda: nk.segment_topk_abs(e, starts, sizes, ks)) / n
+    stream_shared = _stream_at_once(n, concurrent, med) if concurrent > 1 else 0.0
     return Rates(stream=stream, topk=topk, fused=fused, scatter=scatter, segmented=segmented, pick=pick,
-                 merge=merge)
+                 merge=merge, stream_shared=stream_shared)
+
+
+def _stream_at_once(n: int, threads: int, med) -> float:
+    """Wall seconds per element of ``threads`` stream passes (``e += g``) run at once, one per thread."""
+    import threading
+
+    pairs = [(np.zeros(n, dtype=np.float32), np.ones(n, dtype=np.float32)) for _ in range(threads)]
+
+    def run() -> None:
+        start = threading.Barrier(threads)
+
+        def one(e, g) -> None:
+            start.wait()
+            np.add(e, g, out=e)
+
+        ts = [threading.Thread(target=one, args=p) for p in pairs]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+
+    return med(run) / n
 
 
 def rates_dict(r: Rates) -> dict[str, float]:

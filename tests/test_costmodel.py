@@ -75,6 +75,17 @@ def test_one_rank_sends_nothing_and_shared_cores_stretch_compute():
     assert b["compensate"] == pytest.approx(4 * a["compensate"]) and b["exchange"] == a["exchange"]
 
 
+def test_shared_cores_floor_a_pass_at_the_shared_memory_bandwidth():
+    shared = cm.Rates(stream=1e-9, topk=2e-9, fused=1.2e-9, scatter=1e-8, segmented=3e-9, stream_shared=2e-9)
+    n = 10**6
+    w4 = cm.predict("topk", n, 0.01, 4, LINK, shared, shared_cores=2)  # both cores busy: 2 ns, stretched by 2
+    assert w4["compensate"] == pytest.approx(2 * 2e-9 * n)
+    assert cm.predict("dense", n, 0.01, 8, LINK, shared, shared_cores=2)["update"] == pytest.approx(4 * 2e-9 * n)
+    one = cm.predict("topk", n, 0.01, 1, LINK, shared, shared_cores=2)  # one pass at a time: its own rate
+    assert one["compensate"] == pytest.approx(1.2e-9 * n)
+    assert cm.predict("topk", n, 0.01, 4, LINK, shared)["compensate"] == pytest.approx(1.2e-9 * n)  # a core each
+
+
 def test_crossover_where_topk_overtakes_dense():
     n = 25_000_000
     w1, w2 = cm.crossover(n, 0.01, LINK, RATES), cm.crossover(n, 0.001, LINK, RATES)
@@ -128,9 +139,10 @@ def test_bad_inputs_are_one_line_errors():
 
 
 def test_measured_rates_are_positive_and_finite():
-    r = cm.measure_rates(n=1 << 18, repeats=1)
+    r = cm.measure_rates(n=1 << 18, repeats=1, concurrent=2)
     for v in cm.rates_dict(r).values():
         assert 0 < v < 1e-3 and math.isfinite(v)
+    assert cm.measure_rates(n=1 << 16, repeats=1).stream_shared == 0  # one pass at a time: not timed
     with pytest.raises(ValueError, match="densities 0.01 and 0.01; allowed"):
         cm.measure_rates(n=1 << 12, density=0.01)
 
