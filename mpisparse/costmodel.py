@@ -204,7 +204,8 @@ def crossover(n: int, density: float, link: Link, rates: Rates, *, max_world: in
 
 
 def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
-                  dense_density: float = 0.01, concurrent: int = 1) -> Rates:
+                  dense_density: float = 0.01, concurrent: int = 1, grad: np.ndarray | None = None,
+                  other: np.ndarray | None = None) -> Rates:
     """Time the kernels on this machine (one thread), median of ``repeats``: seconds per element.
 
     ``n``: the vector size (the model's: random accesses into the output cost more the larger it is).
@@ -214,7 +215,12 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
     compiled scatter-add (:func:`mpisparse.backend.scatter_sum`, the previous set cleared, the sum scaled)
     of ``dense_density * n`` random entries; ``merge`` gTop-k's merge of two such sets.  ``concurrent`` > 1:
     ``stream_shared`` is the stream pass timed in that many threads at once, each over its own vectors
-    (NumPy releases the GIL: the passes share only the memory bandwidth), wall seconds per element."""
+    (NumPy releases the GIL: the passes share only the memory bandwidth), wall seconds per element.
+    ``grad``: the float32 gradient to time on (``n`` is then its size; ``bench model``: the model's synthetic
+    gradients, whose top-k clusters in a few layers, as the steps' does) and ``other`` another rank's
+    (default: ``grad`` rolled by a seventh of its length); the scattered and merged sets are then the
+    top-k of the two, else random indices of a random normal vector.  ``scatter`` scatters both sets as
+    two ranks' blocks (top-k's update at W = 2), clearing the previous union, per entry."""
     from . import backend
     from .backend import fused as fused_mod
     from .backend import numpy_kernels as nk
@@ -223,8 +229,13 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
     if not 0 < density < dense_density <= 1:
         raise ValueError(f"densities {density} and {dense_density}; allowed: 0 < density < dense_density <= 1")
     rng = np.random.default_rng(0)
-    g = rng.standard_normal(n).astype(np.float32)
-    e = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    if grad is not None:
+        g = np.ascontiguousarray(grad, dtype=np.float32)
+        n = g.shape[0]
+        e = (g * np.float32(0.1)).astype(np.float32)
+    else:
+        g = rng.standard_normal(n).astype(np.float32)
+        e = (rng.standard_normal(n) * 0.1).astype(np.float32)
     k = max(1, int(density * n))
     k_hi = max(k + 1, int(dense_density * n))
 
@@ -247,17 +258,26 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
     found = fused_mod.compensate_candidates(e, g, k_hi)
     cand = None if found is None else found.copy()  # (the pass's buffer is reused by the next call)
     pick = med(pick_once) / k_hi
-    idx = rng.choice(n, size=k_hi, replace=False).astype(backend.index_dtype(n))
+    if grad is not None:  # the sets the steps scatter: a top-k of the gradients, and another rank's
+        g2 = np.roll(g, n // 7) if other is None else np.ascontiguousarray(other, dtype=np.float32)
+        idx = nk.topk_abs(g, k_hi).astype(backend.index_dtype(n))
+        other = nk.topk_abs(g2, k_hi).astype(idx.dtype)
+    else:
+        idx = rng.choice(n, size=k_hi, replace=False).astype(backend.index_dtype(n))
+        other = rng.choice(n, size=k_hi, replace=False).astype(idx.dtype)
+    both = [np.concatenate((idx, other)), np.concatenate((other, idx))]  # two steps: the blocks swap places
     prev = [idx[:0]]
     out = np.zeros(n, dtype=np.float32)
-    vals = g[:k_hi].copy()
+    vals = np.concatenate((g[:k_hi], g[-k_hi:]))
 
     def scatter_once() -> None:
-        backend.scatter_sum(out, idx, vals, [k_hi], 0.5, clear=prev[0])
-        prev[0] = idx
+        sets = both[0] if prev[0] is not both[0] else both[1]
+        backend.scatter_sum(out, sets, vals, [k_hi, k_hi], 0.5, clear=prev[0])
+        prev[0] = sets
 
-    scatter = med(scatter_once) / k_hi
-    other = np.sort(rng.choice(n, size=k_hi, replace=False)).astype(idx.dtype)
+    scatter = med(scatter_once) / (2 * k_hi)
+    vals = vals[:k_hi]
+    other = np.sort(other)
     mine = np.sort(idx)
     merge = med(lambda: merge_topk(mine, vals, other, g[-k_hi:], k_hi)) / (2 * k_hi)
     layers = 64

@@ -27,6 +27,19 @@ def model_size(model: str) -> int:
     return int(sum(math.prod(s) for _, s in layer_shapes(model)))
 
 
+def model_gradient(model: str, rank: int = 0) -> "np.ndarray":
+    """Rank ``rank``'s first synthetic gradient of ``model`` (:mod:`mpisparse.gradgen`, as ``bench step``
+    draws it)."""
+    import numpy as np
+
+    from ..fusion import FusionLayout
+    from ..gradgen import SyntheticGradients
+
+    layout = FusionLayout(layer_shapes(model))
+    out = np.empty(layout.n, dtype=np.float32)
+    return SyntheticGradients(layout, rank).fill(out, 0)
+
+
 def link_from_exchange(path: str) -> cm.Link:
     """Fit the link to the ``topk`` results of a ``bench exchange --json`` file.
 

@@ -245,7 +245,8 @@ def bench_model(model, densities, worlds, rate, latency_us, exchange_json, share
         cm.Link(latency=latency_us * 1e-6, bandwidth=usage(cm.parse_rate, rate))
     check_plot(plot_path)
     res = bm.run_model(model=model, densities=densities, worlds=worlds, link=link,
-                       rates=cm.measure_rates(n=bm.model_size(model), concurrent=shared_cores or 1),
+                       rates=cm.measure_rates(concurrent=shared_cores or 1, grad=bm.model_gradient(model),
+                                             other=bm.model_gradient(model, rank=1)),
                        shared_cores=shared_cores, measured=bm.load_measured(measured))
     click.echo(bm.format_model(res))
     if json_path:
