@@ -224,7 +224,8 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
                    "of --rate/--latency-us.")
 @click.option("--shared-cores", type=click.IntRange(min=1), default=None,
               help="The --measured steps ran with every rank on these few cores (the emulated cluster: this "
-                   "machine's cores): their predictions stretch compute by W / cores.")
+                   "machine's cores): their predictions stretch compute by W / cores, and a pass over the "
+                   "vector costs at least the memory bandwidth that many passes at once leave each.")
 @click.option("--measured", multiple=True, type=click.Path(exists=True),
               help="`bench step --json` results to validate against (a file or a directory of them; repeatable): "
                    "predicted vs measured at their scheme, density and W.")
