@@ -27,9 +27,9 @@ def model_size(model: str) -> int:
     return int(sum(math.prod(s) for _, s in layer_shapes(model)))
 
 
-def model_gradient(model: str, rank: int = 0) -> "np.ndarray":
+def model_gradient(model: str, rank: int = 0) -> Any:
     """Rank ``rank``'s first synthetic gradient of ``model`` (:mod:`mpisparse.gradgen`, as ``bench step``
-    draws it)."""
+    draws it): a float32 vector."""
     import numpy as np
 
     from ..fusion import FusionLayout
