@@ -425,7 +425,9 @@ def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
             f"{link.get('latency_seconds', 0) * 1e6:.0f} us; kernel rates measured by the command (ns per element: "
             + ", ".join(f"{k} {v * 1e9:.2f}" for k, v in rates.items())
             + f"); predictions of the measured points stretch compute by W / {m.get('shared_cores')} (every "
-              "emulated host shares this machine's cores); the curves to W = 1,024 assume a core per rank.\n\n"
+              "emulated host shares this machine's cores) and cost a pass over the vector at least "
+              "`stream_shared` per element (that many passes at once share the memory bandwidth); the curves "
+              "to W = 1,024 assume a core per rank.\n\n"
             + md_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"], rows)
             + f"\n\n{within} of {len(errs)} predictions within 20% of the measured step. Top-k's build-up makes its "
               "predicted step slower than dense's from W = "

@@ -9,7 +9,7 @@ import pytest
 
 from mpisparse import costmodel as cm
 
-RATES = cm.Rates(stream=1e-9, topk=2e-9, fused=1.2e-9, scatter=1e-8, segmented=3e-9)
+RATES = cm.Rates(stream=1e-9, topk=2e-9, fused=1.2e-9, scatter=1e-8, segmented=3e-9, pick=4e-8, merge=3e-8)
 LINK = cm.Link(latency=50e-6, bandwidth=1.25e8)  # 1 Gbit/s
 
 
@@ -32,11 +32,58 @@ def test_topk_grows_with_W_and_cltk_does_not_build_up():
                                                                                          LINK, RATES))
 
 
+def test_selection_costs_a_pick_per_selected_element_after_the_pass():
+    n, d, W = 10_000_000, 0.01, 4
+    k = int(d * n)
+    t = cm.predict("topk", n, d, W, LINK, RATES)
+    assert t["compensate"] == pytest.approx(1.2e-9 * n) and t["select"] == pytest.approx(4e-8 * k)
+    c = cm.predict("cltk", n, d, W, LINK, RATES)  # the leader's pick: the others wait for it
+    assert c["select"] == pytest.approx(4e-8 * k) and c["update"] == pytest.approx(1e-8 * k)
+    f = cm.predict("deft", n, d, W, LINK, RATES)  # its share of the layers: 1.1 / 4 of the elements and of k
+    assert f["select"] == pytest.approx(3e-9 * n * 1.1 / 4 + 4e-8 * k * 1.1 / 4)
+    old = cm.Rates(stream=1e-9, topk=2e-9, fused=1.2e-9, scatter=1e-8, segmented=3e-9)  # pick, merge default 0
+    assert cm.predict("topk", n, d, W, LINK, old)["select"] == 0
+
+
+def test_gtopk_merges_and_exchanges_both_ways_once_per_round():
+    n, d, W = 10_000_000, 0.01, 8
+    k = int(d * n)
+    g = cm.predict("gtopk", n, d, W, LINK, RATES)
+    # three rounds: each a sendrecv of k indices + k values, both directions at once, and a merge of 2k
+    assert g["exchange"] == pytest.approx(3 * (2 * 50e-6 + k * 8 / 1.25e8))
+    assert g["select"] == pytest.approx(4e-8 * k + 3e-8 * 2 * k * 3)
+
+
+def test_bcast_is_a_tree_when_short_and_scatter_allgather_when_long():
+    n, W = 10_000_000, 8
+    k = int(0.01 * n)  # 400 kB of indices: long
+    c = cm.predict("cltk", n, 0.01, W, LINK, RATES)
+    bcast = 2 * 3 * 50e-6 + 2 * 7 / 8 * 4 * k / 1.25e8
+    allreduce = 2 * 3 * 50e-6 + 2 * 7 / 8 * 4 * k / 1.25e8
+    assert c["exchange"] == pytest.approx(bcast + allreduce)
+    small = cm.predict("cltk", 100_000, 0.01, W, LINK, RATES)  # k = 1,000: 4 kB, below 12 KiB: a binomial tree
+    assert small["exchange"] == pytest.approx(3 * (50e-6 + 4000 / 1.25e8) + 2 * 3 * 50e-6
+                                              + 2 * 7 / 8 * 4000 / 1.25e8)
+    dft = cm.predict("deft", n, 0.01, W, LINK, RATES)  # bins (latency), counts + indices, values
+    assert dft["exchange"] == pytest.approx(3 * 50e-6 + 2 * 3 * 50e-6 + 7 / 8 * k * 4 / 1.25e8 + allreduce)
+
+
 def test_one_rank_sends_nothing_and_shared_cores_stretch_compute():
     assert cm.predict("topk", 1000, 0.1, 1, LINK, RATES)["exchange"] == 0
     a = cm.predict("deft", 10**6, 0.01, 8, LINK, RATES)
     b = cm.predict("deft", 10**6, 0.01, 8, LINK, RATES, shared_cores=2)
     assert b["compensate"] == pytest.approx(4 * a["compensate"]) and b["exchange"] == a["exchange"]
+
+
+def test_shared_cores_floor_a_pass_at_the_shared_memory_bandwidth():
+    shared = cm.Rates(stream=1e-9, topk=2e-9, fused=1.2e-9, scatter=1e-8, segmented=3e-9, stream_shared=2e-9)
+    n = 10**6
+    w4 = cm.predict("topk", n, 0.01, 4, LINK, shared, shared_cores=2)  # both cores busy: 2 ns, stretched by 2
+    assert w4["compensate"] == pytest.approx(2 * 2e-9 * n)
+    assert cm.predict("dense", n, 0.01, 8, LINK, shared, shared_cores=2)["update"] == pytest.approx(4 * 2e-9 * n)
+    one = cm.predict("topk", n, 0.01, 1, LINK, shared, shared_cores=2)  # one pass at a time: its own rate
+    assert one["compensate"] == pytest.approx(1.2e-9 * n)
+    assert cm.predict("topk", n, 0.01, 4, LINK, shared)["compensate"] == pytest.approx(1.2e-9 * n)  # a core each
 
 
 def test_crossover_where_topk_overtakes_dense():
@@ -55,6 +102,26 @@ def test_fit_link_recovers_latency_and_bandwidth():
     assert link.latency == pytest.approx(80e-6, rel=1e-6) and link.bandwidth == pytest.approx(5e8, rel=1e-6)
     with pytest.raises(ValueError, match="2 or more densities"):
         cm.fit_link(pts[:1])
+    vals = [(2, k, 60e-6 + k * 4 / 1.2e8) for k in (1000, 100_000)]  # the values' Allgatherv alone
+    one = cm.fit_link(vals, messages=1, bytes_per_element=4)
+    assert one.latency == pytest.approx(60e-6, rel=1e-6) and one.bandwidth == pytest.approx(1.2e8, rel=1e-6)
+
+
+def test_link_from_exchange_fits_the_values_phase_when_there(tmp_path):
+    from mpisparse.bench import model as bm
+
+    rows = [{"scheme": "topk", "world_size": 2, "k": k, "exchange_seconds": 1.0 + k,  # waits: not the link's
+             "exchange_phases": {"exchange_indices": 1.0, "exchange_values": 60e-6 + k * 4 / 1.2e8}}
+            for k in (1000, 100_000)]
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps(rows))
+    link = bm.link_from_exchange(str(p))
+    assert link.bandwidth == pytest.approx(1.2e8, rel=1e-6) and link.latency == pytest.approx(60e-6, rel=1e-6)
+    for r in rows:
+        del r["exchange_phases"]
+    p.write_text(json.dumps(rows))  # older results: the whole exchange, three messages per step
+    whole = bm.link_from_exchange(str(p))  # t = 1 + k = 3 a + 8 k b: a = 1/3 s, b = 1/8 s per byte
+    assert whole.bandwidth == pytest.approx(8.0) and whole.latency == pytest.approx(1 / 3)
 
 
 @pytest.mark.parametrize("text,value", [("1gbit", 1.25e8), ("100mbit", 1.25e7), ("2.5e9", 2.5e9)])
@@ -72,9 +139,12 @@ def test_bad_inputs_are_one_line_errors():
 
 
 def test_measured_rates_are_positive_and_finite():
-    r = cm.measure_rates(n=1 << 18, repeats=1)
+    r = cm.measure_rates(n=1 << 18, repeats=1, concurrent=2)
     for v in cm.rates_dict(r).values():
         assert 0 < v < 1e-3 and math.isfinite(v)
+    assert cm.measure_rates(n=1 << 16, repeats=1).stream_shared == 0  # one pass at a time: not timed
+    with pytest.raises(ValueError, match="densities 0.01 and 0.01; allowed"):
+        cm.measure_rates(n=1 << 12, density=0.01)
 
 
 def test_bench_model_cli_validates_against_measured_steps(tmp_path):

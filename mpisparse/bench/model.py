@@ -27,12 +27,33 @@ def model_size(model: str) -> int:
     return int(sum(math.prod(s) for _, s in layer_shapes(model)))
 
 
+def model_gradient(model: str, rank: int = 0) -> Any:
+    """Rank ``rank``'s first synthetic gradient of ``model`` (:mod:`mpisparse.gradgen`, as ``bench step``
+    draws it): a float32 vector."""
+    import numpy as np
+
+    from ..fusion import FusionLayout
+    from ..gradgen import SyntheticGradients
+
+    layout = FusionLayout(layer_shapes(model))
+    out = np.empty(layout.n, dtype=np.float32)
+    return SyntheticGradients(layout, rank).fill(out, 0)
+
+
 def link_from_exchange(path: str) -> cm.Link:
-    """Fit the link to the ``topk`` results of a ``bench exchange --json`` file."""
+    """Fit the link to the ``topk`` results of a ``bench exchange --json`` file.
+
+    Where the results hold the exchange's phases, the values' Allgatherv alone is fitted (the ranks
+    enter it together, right after the indices' Allgatherv); the whole exchange also holds each rank's
+    wait for the slowest selection, which is not the link's."""
     data = json.loads(Path(path).read_text())
-    rows = data if isinstance(data, list) else [data]
-    points = [(int(r["world_size"]), int(r["k"]), float(r["exchange_seconds"]))
-              for r in rows if r.get("scheme") == "topk" and r.get("k") and r.get("exchange_seconds")]
+    rows = [r for r in (data if isinstance(data, list) else [data])
+            if r.get("scheme") == "topk" and r.get("k") and r.get("exchange_seconds")]
+    values = [(int(r["world_size"]), int(r["k"]), float(r["exchange_phases"]["exchange_values"]))
+              for r in rows if (r.get("exchange_phases") or {}).get("exchange_values")]
+    if len(values) >= 2 and len(values) == len(rows):
+        return cm.fit_link(values, messages=1, bytes_per_element=4)
+    points = [(int(r["world_size"]), int(r["k"]), float(r["exchange_seconds"])) for r in rows]
     if len(points) < 2:
         raise ValueError(f"{path}: needs topk exchange results at 2 or more densities (bench exchange --scheme "
                          f"topk --densities D1,D2); found {len(points)}")
