@@ -148,8 +148,11 @@ def _comm_note(by: dict[str, dict[str, Any]], byt: dict[str, float]) -> str:
         return ("this toolkit's kernels; communication = exchange_indices + exchange_values, the transfer alone: "
                 "every collective first waits at a barrier (--separate-wait) and that wait for the slowest rank "
                 f"is its own phase (wait: {waits}), as the paper's cost model counts only transfer. " + ratios
-                + "DEFT also makes two more collectives per step than CLT-k (Alg. 4 l.16's Bcast of the allocation "
-                "and the counts before its Allgatherv), each at least one latency of the link")
+                + "Equal bytes need not take equal time: CLT-k's Bcast sends the leader's k indices down one "
+                "direction of the links, DEFT's Allgatherv sends every rank's share both ways at once (full-duplex "
+                "links), which can make DEFT's indices faster; against that DEFT makes two more collectives per "
+                "step (Alg. 4 l.16's Bcast of the allocation and the counts before its Allgatherv), each at least "
+                "one latency of the link")
     return ("this toolkit's kernels; communication = exchange_indices + exchange_values (max over ranks); on one "
             "machine it also holds the wait for the slowest rank's selection. " + ratios
             + "So what can differ from CLT-k is waiting, not transfer: DEFT's Bcast waits for the leader's packing "
