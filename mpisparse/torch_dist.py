@@ -75,6 +75,8 @@ class TorchDistCommunicator:
     bytes_sent = Communicator.bytes_sent
     _record = Communicator._record
     _timed = Communicator._timed
+    #: ``bench step --separate-wait`` runs over MPI only: never set here (read by :meth:`_timed`)
+    wait_timer = None
     _ring_allreduce_bytes = Communicator.ring_allreduce_bytes
     _ring_allgather_bytes = Communicator.ring_allgather_bytes
     _chain_bcast_bytes = Communicator.chain_bcast_bytes

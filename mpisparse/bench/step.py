@@ -81,7 +81,8 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
             rss[it + 1] = current_rss_bytes()
         if progress is not None:
             progress(it + 1, warmup + iters)
-    comm.wait_timer = None
+    if cfg.separate_wait:
+        comm.wait_timer = None
     if cfg.trace is not None:  # collective: every rank's spans, written by rank 0
         from ..results.trace import write_trace
 
