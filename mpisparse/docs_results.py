@@ -938,6 +938,8 @@ def _scrub(text: str) -> str:
 #: the targets whose full-size form (no --quick) is recorded too: their claims are not timings, or (dgs-speedup)
 #: their accuracy claim is not; run with --no-timing, so no time claim is judged on a shared machine
 REPRODUCE_FULL = ("scalecom-similarity", "deft-buildup", "dct-threshold", "dgs-speedup")
+#: timing targets whose full size fits this machine (one process, no network): recorded as they are, times judged
+REPRODUCE_FULL_TIMED = ("deft-speedup",)
 
 for _t in REPRODUCE_TARGETS:
     _table(Table(
@@ -952,48 +954,37 @@ for _t in REPRODUCE_TARGETS:
         env=lambda quick: {"MPISPARSE_QUICK": "1"} if quick else {},
     ))
 
-for _t in REPRODUCE_FULL:
+for _t, _timed in [(t, False) for t in REPRODUCE_FULL] + [(t, True) for t in REPRODUCE_FULL_TIMED]:
     _table(Table(
         name=f"reproduce-full-{_t}",
-        title=f"Reproducing a paper's claim at full size: `reproduce {_t} --no-timing`",
-        about=("One `mpisparse reproduce` target in its full-size form (no `--quick`: more ranks, longer runs), "
-               "with `--no-timing`: run on a shared machine, so the runs whose claims are only timings are left "
-               "out and no time claim is judged (`n/a`). `holds` says whether the measurement agrees; `n/a` "
-               "where it cannot be compared. The `--quick` form is in "
-               f"[reproduce-{_t}.md](reproduce-{_t}.md)."),
-        runs=(lambda t: lambda quick: [Run(t, ["reproduce", t, "--no-timing"] + (["--quick"] if quick else []),
-                                           out_options={"--out": "runs"})])(_t),
-        render=_reproduce_render(_t),
-        env=lambda quick: {"MPISPARSE_QUICK": "1"} if quick else {},
-    ))
-
-#: timing targets whose full size fits this machine (one process, no network): recorded as they are, times judged
-REPRODUCE_FULL_TIMED = ("deft-speedup",)
-
-for _t in REPRODUCE_FULL_TIMED:
-    _table(Table(
-        name=f"reproduce-full-{_t}",
-        title=f"Reproducing a paper's claim at full size: `reproduce {_t}`",
-        about=("One timing `mpisparse reproduce` target in its full-size form (no `--quick`: its full W sweep, "
-               "more repeats), which fits this machine because it times every rank's share in one process: "
-               "each claim beside the measured value, with its rule and, for a `no`, its cause. The `--quick` "
-               f"form is in [reproduce-{_t}.md](reproduce-{_t}.md)."),
-        runs=(lambda t: lambda quick: [Run(t, ["reproduce", t] + (["--quick"] if quick else []),
-                                           out_options={"--out": "runs"})])(_t),
+        title=(f"Reproducing a paper's claim at full size: `reproduce {_t}"
+               + ("`" if _timed else " --no-timing`")),
+        about=(("One timing `mpisparse reproduce` target in its full-size form (no `--quick`: its full W sweep, "
+                "more repeats), which fits this machine because it times every rank's share in one process: "
+                "each claim beside the measured value, with its rule and, for a `no`, its cause. ") if _timed else
+               ("One `mpisparse reproduce` target in its full-size form (no `--quick`: more ranks, longer runs), "
+                "with `--no-timing`: run on a shared machine, so the runs whose claims are only timings are left "
+                "out and no time claim is judged (`n/a`). `holds` says whether the measurement agrees; `n/a` "
+                "where it cannot be compared. "))
+              + f"The `--quick` form is in [reproduce-{_t}.md](reproduce-{_t}.md).",
+        runs=(lambda t, timed: lambda quick: [Run(t, ["reproduce", t] + ([] if timed else ["--no-timing"])
+                                                  + (["--quick"] if quick else []),
+                                                  out_options={"--out": "runs"})])(_t, _timed),
         render=_reproduce_render(_t),
         env=lambda quick: {"MPISPARSE_QUICK": "1"} if quick else {},
     ))
 
 #: timing targets recorded at a larger size than --quick (their full W does not fit this machine's memory and
 #: cores): target -> ``--worlds``; run on the emulated cluster (``--emucluster auto``)
-REPRODUCE_LARGE = {"deft-breakdown": "8"}
+REPRODUCE_LARGE = {"deft-breakdown": "8", "slimdp-traffic": "5"}
 
 for _t, _w in REPRODUCE_LARGE.items():
     _table(Table(
         name=f"reproduce-w{_w}-{_t}",
         title=f"Reproducing a paper's claim at W={_w}: `reproduce {_t} --worlds {_w}`",
         about=("One timing `mpisparse reproduce` target at its full-size model and step count with "
-               f"`--worlds {_w}` (the paper's W does not fit this machine), on the emulated cluster: each "
+               f"`--worlds {_w}` (the paper's largest W does not fit this machine's memory and cores), on the "
+               "emulated cluster: each "
                "claim beside the measured value, with its rule and, for a `no`, its cause. The `--quick` form "
                f"is in [reproduce-{_t}.md](reproduce-{_t}.md)."),
         runs=(lambda t, w: lambda quick: [Run(t, ["reproduce", t, "--worlds", "2" if quick else w]

@@ -98,6 +98,16 @@ def test_slowest_per_step_takes_each_steps_slowest_rank():
     assert slowest_per_step([[], []]) is None
 
 
+def test_median_step_ignores_one_disturbed_step():
+    # rank 1's core was taken away in step 2: the mean moves, a typical step does not
+    records = [[{"exchange_values": 2.0}, {"exchange_values": 2.1}, {"exchange_values": 2.0}],
+               [{"exchange_values": 2.2}, {"exchange_values": 30.0}, {"exchange_values": 1.9}]]
+    assert slowest_per_step(records, over_steps="median") == pytest.approx({"exchange_values": 2.2})
+    assert slowest_per_step(records) == pytest.approx({"exchange_values": (2.2 + 30.0 + 2.0) / 3})
+    with pytest.raises(ValueError, match="over_steps is 'max'; allowed: mean, median"):
+        slowest_per_step(records, over_steps="max")
+
+
 def test_paired_time_claim_judges_job_by_job():
     # the jobs swing together (a busy machine): medians overlap, the ratios agree
     a, top = [646.0, 736.0, 540.0], [1438.0, 1022.0, 737.0]

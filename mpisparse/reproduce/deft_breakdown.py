@@ -25,7 +25,11 @@ The native jobs run with ``--separate-wait`` (a barrier before every
 collective, its time in phase ``wait``): the communication claim compares
 the transfer alone, as the paper's cost model (log(n)a + 2(n-1)k b) does;
 on one machine the wait for the slowest rank dominates the exchange phases
-and swings from job to job.
+and swings from job to job.  It compares a typical step's transfer (the
+median over a job's steps of each step's slowest rank, ``bench step``'s
+``phases_median_step``) job by job (the same job's three schemes share that
+job's load): a step in which the machine took a rank's core away moves a
+mean per step by more than the 10-15% that separates the schemes here.
 
 The selection and step claims are about the cost of the paper's selection
 primitive: they are judged on three more jobs run with ``--select-kernel
@@ -63,6 +67,10 @@ def breakdown_rows(results: Sequence[dict[str, Any]], measure: str = "phases") -
                      "exchange_indices": ph.get("exchange_indices", 0.0) * 1e3,
                      "exchange_values": ph.get("exchange_values", 0.0) * 1e3,
                      "communication": sum(ph.get(p, 0.0) for p in COMM) * 1e3,
+                     # a typical step's (the median over steps of the slowest rank's) transfer: what the
+                     # communication claim compares; one step whose rank lost its core does not move it
+                     "communication_typical": sum((r.get("phases_median_step") or ph).get(p, 0.0)
+                                                  for p in COMM) * 1e3,
                      "update": ph.get("update", 0.0) * 1e3,
                      # --separate-wait: the barrier before each collective, carved out of the exchange phases
                      "wait": ph.get("wait", 0.0) * 1e3, "separate_wait": "wait" in ph,
@@ -71,8 +79,8 @@ def breakdown_rows(results: Sequence[dict[str, Any]], measure: str = "phases") -
     return rows
 
 
-TIMES = ("compensate", "select", "selection", "exchange_indices", "exchange_values", "communication", "update", "wait",
-         "step")
+TIMES = ("compensate", "select", "selection", "exchange_indices", "exchange_values", "communication",
+         "communication_typical", "update", "wait", "step")
 
 
 def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -80,7 +88,7 @@ def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]
     out = []
     for rows in zip(*runs):
         row = dict(rows[0])
-        for key in TIMES:
+        for key in (k for k in TIMES if k in row):
             samples = [r[key] for r in rows]
             row[key] = median(samples)
             row[key + "_samples"] = samples
@@ -136,6 +144,12 @@ _NATIVE_STEP = (
     "W=2 that is within the spread")
 
 
+def _comm_key(by: dict[str, dict[str, Any]]) -> str:
+    """The communication time the claim compares: a typical step's transfer (``communication_typical``, the
+    median over steps of the slowest rank's exchange phases) where the runs recorded it, else the mean."""
+    return "communication_typical" if all("communication_typical" in by[s] for s in SCHEMES3) else "communication"
+
+
 def _comm_note(by: dict[str, dict[str, Any]], byt: dict[str, float]) -> str:
     """What the communication claim compares and why DEFT cannot send less than CLT-k."""
     ratios = (f"DEFT sends {byt['deft'] / max(byt['topk'], 1):.2f}x top-k's bytes and "
@@ -145,7 +159,11 @@ def _comm_note(by: dict[str, dict[str, Any]], byt: dict[str, float]) -> str:
               "the same volume; the paper's cost argument (log(n)a + 2(n-1)k b) is against Top-k's W k. ")
     if all(by[s].get("separate_wait") for s in SCHEMES3):
         waits = ", ".join(f"{s} {by[s]['wait']:.2f} ms" for s in SCHEMES3)
-        return ("this toolkit's kernels; communication = exchange_indices + exchange_values, the transfer alone: "
+        typical = ("of a typical step (the median over a job's steps of each step's slowest rank: a step in "
+                   "which the machine took a rank's core away does not move it), compared job by job "
+                   if _comm_key(by) == "communication_typical" else "")
+        return (f"this toolkit's kernels; communication = exchange_indices + exchange_values {typical}, the "
+                "transfer alone: "
                 "every collective first waits at a barrier (--separate-wait) and that wait for the slowest rank "
                 f"is its own phase (wait: {waits}), as the paper's cost model counts only transfer. " + ratios
                 + "Equal bytes need not take equal time: CLT-k's Bcast sends the leader's k indices down one "
@@ -180,7 +198,7 @@ def evaluate(rows: Sequence[dict[str, Any]], paper_rows: Sequence[dict[str, Any]
                     f"(W={w}); with this toolkit's kernels, {native_sel}") if paper else native_sel
     step_measured = (f"with torch.topk, slowest rank per step: {_times(pby, 'step')}; with this toolkit's "
                      f"kernels: {_times(by, 'step')}") if paper else _times(by, "step")
-    com = {s: by[s]["communication"] for s in SCHEMES3}
+    com = {s: by[s][_comm_key(by)] for s in SCHEMES3}
     byt = {s: by[s]["bytes"] for s in SCHEMES3}
     return [
         _claim(paper, pby if paper else by, "selection",
@@ -188,13 +206,13 @@ def evaluate(rows: Sequence[dict[str, Any]], paper_rows: Sequence[dict[str, Any]
                                    "Top-k.",
                "DEFT's selection bar far below CLT-k's and Top-k's (16 GPUs; figure, no numbers in the text)",
                sel_measured, note=(_PAPER_SELECTION if paper else "") + _NATIVE_SELECTION),
-        time_claim(
-            "Fig. 7, Sec. 5.3", "The communication in DEFT is also reduced compared with CLT-k and Top-k "
-                                "(Top-k's cost log(n)a + 2(n-1)k b, with k reduced to max_i sum_x k_x in DEFT).",
-            "DEFT's communication bar below CLT-k's and Top-k's",
-            ", ".join(f"{s} {v:.2f} ms / {byt[s]:,.0f} B" for s, v in com.items()),
-            _samples(by["deft"], "communication"), _others(by, "communication"), a_name="DEFT's time",
-            note=_comm_note(by, byt)),
+        # judged job by job on the typical step where the runs recorded it (from bench step's
+        # phases_median_step on); records made before are judged as they were, on the medians of the means
+        _claim(_comm_key(by) == "communication_typical", by, _comm_key(by),
+               "Fig. 7, Sec. 5.3", "The communication in DEFT is also reduced compared with CLT-k and Top-k "
+                                   "(Top-k's cost log(n)a + 2(n-1)k b, with k reduced to max_i sum_x k_x in DEFT).",
+               "DEFT's communication bar below CLT-k's and Top-k's",
+               ", ".join(f"{s} {v:.2f} ms / {byt[s]:,.0f} B" for s, v in com.items()), note=_comm_note(by, byt)),
         _claim(paper, pby if paper else by, "step",
                "Fig. 7, Sec. 6", "DEFT provides a remarkable training efficiency owing to its reduced "
                                  "computational and communication costs.",
@@ -210,7 +228,8 @@ class DeftBreakdown(Target):
     def run(self, ctx: Context) -> Report:
         w = ctx.world(ctx.pick(16, 2, 2))
         model = ctx.pick("lstm-wt2", "lstm-wt2", "resnet18")
-        iters = ctx.pick(20, 20, 2)  # a job's start-up dominates its time; more steps make its means steadier
+        # a job's start-up dominates its time; more steps make its means and its typical step steadier
+        iters = ctx.pick(40, 40, 2)
         # repeated jobs: each claim compares medians and the repeats' spread sets its noise band
         repeats = ctx.pick(5, 5, 2)
         rate, network = ctx.network("1gbit", auto=True)

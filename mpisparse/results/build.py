@@ -81,17 +81,23 @@ def timing_fields(reduced: dict[str, dict[str, float]]) -> dict[str, Any]:
             "step_seconds": step["max"], "step_seconds_mean_over_ranks": step["mean"]}
 
 
-def slowest_per_step(records: Sequence[Sequence[dict[str, float]]]) -> dict[str, float] | None:
-    """Per phase (and ``step``), the mean over timed steps of that step's max over ranks, from every rank's
-    per-step records (:attr:`mpisparse.timing.PhaseTimer.records`): the time of the slowest worker of each
-    iteration, as the DEFT paper's Fig. 7 measures it.  None without timed steps (or ranks that disagree on
-    how many there were)."""
+def slowest_per_step(records: Sequence[Sequence[dict[str, float]]], *,
+                     over_steps: str = "mean") -> dict[str, float] | None:
+    """Per phase (and ``step``), that step's max over ranks -- the time of the slowest worker of each
+    iteration, as the DEFT paper's Fig. 7 measures it -- reduced over the timed steps by ``over_steps``:
+    ``mean`` (Fig. 7's average) or ``median`` (a typical step: one step in which the operating system
+    took a rank's core away does not move it), from every rank's per-step records
+    (:attr:`mpisparse.timing.PhaseTimer.records`).  None without timed steps (or ranks that disagree on how
+    many there were)."""
+    if over_steps not in ("mean", "median"):
+        raise ValueError(f"over_steps is {over_steps!r}; allowed: mean, median")
     steps = {len(r) for r in records}
     if not records or steps == {0} or len(steps) != 1:
         return None
     n = steps.pop()
     names = [p for p in list(PHASES) + ["step"] if any(p in d for r in records for d in r)]
-    return {p: sum(max(r[i].get(p, 0.0) for r in records) for i in range(n)) / n for p in names}
+    reduce = np.mean if over_steps == "mean" else np.median
+    return {p: float(reduce([max(r[i].get(p, 0.0) for r in records) for i in range(n)])) for p in names}
 
 
 def diagnostics_block(densities: Sequence[float], per_step: list[dict[str, float]]) -> dict[str, Any]:
@@ -119,7 +125,9 @@ def collective_result(comm, *, scheme: str, density_target: float, timer, step_b
     to ``staging_copies_per_step`` (mean per step, max over ranks).
     """
     timing = timing_fields(reduce_over_ranks(comm, timer.means()))
-    known.setdefault("phases_slowest_step", slowest_per_step(comm.allgather_obj(timer.records)))
+    records = comm.allgather_obj(timer.records)
+    known.setdefault("phases_slowest_step", slowest_per_step(records))
+    known.setdefault("phases_median_step", slowest_per_step(records, over_steps="median"))
     per_rank = comm.allgather_obj({"bytes": float(np.mean(step_bytes)) if len(step_bytes) else 0.0,
                                    "selected": float(np.mean(selected)) if len(selected) else 0.0,
                                    "peak_rss": peak_rss_bytes() if memory else None,

@@ -122,6 +122,10 @@ class RunResult:
         iteration, the DEFT paper's Fig. 7 measure (``phases`` is the max
         over ranks of each rank's mean, which spreads a phase that only
         one rank per step runs, CLT-k's leader selection, over the steps).
+    ``phases_median_step``
+        the same with the median over timed steps instead of the mean:
+        a typical step's slowest worker; one step in which the operating
+        system took a rank's core away (a shared machine) does not move it.
     ``hierarchy``
         ``--hierarchical`` runs (``bench step``): ``hosts``, ``ranks_per_host``
         (a list, one entry per host) and ``cross_host_bytes_per_step`` (the
@@ -199,6 +203,7 @@ class RunResult:
     rss_bytes_at_step: dict[str, int] | None = None
     hierarchy: dict[str, Any] | None = None
     phases_slowest_step: dict[str, float] | None = None
+    phases_median_step: dict[str, float] | None = None
     # -- provenance (schema version 2)
     provenance: dict[str, Any] | None = None
     # -- runtime-specific blocks
