@@ -452,7 +452,6 @@ class Communicator:
         array.  Used by pairwise patterns (recursive doubling).
         """
         check_dtype(x, reduce=False)
-        MPI = self._MPI
         mine = np.array([x.size], dtype=_COUNT_DTYPE)
         theirs = np.empty(1, dtype=_COUNT_DTYPE)
         with self._timed("sendrecv_counts", 8):
