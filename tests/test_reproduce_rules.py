@@ -282,3 +282,17 @@ def test_the_communication_claim_compares_transfer_when_the_wait_is_separated():
     assert all(r["separate_wait"] for r in fx["data"]["rows"])
     old = _claims("deft-breakdown", _load(DATA / "deft-breakdown@quick-4d2a8ac.json"))[1]
     assert "mostly waiting" in old.note and "the transfer alone" not in old.note
+
+
+def test_a_busy_machine_is_named_in_the_report_of_a_timed_target():
+    """Run while other processes kept the cores busy, a target's time claims may read 'noise': the report says
+    so (1-minute load average above the cores); an idle machine, or a target without time claims, gets no note."""
+    from mpisparse.reproduce.base import busy_note
+
+    timed = _claims("deft-breakdown", _load(DATA / "deft-breakdown@quick-f946716.json"))
+    note = busy_note(5.2, 2, timed)
+    assert note is not None and "load average 5.2 on 2 cores" in note and "'noise'" in note
+    assert busy_note(1.5, 2, timed) is None
+    untimed_only = _claims("deft-buildup", _quick("deft-buildup"))
+    assert not any("noise band" in c.note for c in untimed_only)
+    assert busy_note(5.2, 2, untimed_only) is None

@@ -55,8 +55,8 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
     """
     from ..bench.runs import RunFailed
     from ..launch import under_mpi_launcher
-    from ..reproduce.base import (Context, Report, Skip, claims_markdown, claims_summary, format_report,
-                                  write_report_json)
+    from ..reproduce.base import (Context, Report, Skip, busy_note, claims_markdown, claims_summary,
+                                  format_report, write_report_json)
     from ..reproduce.registry import TARGETS, get_target
 
     if list_targets:
@@ -88,9 +88,13 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
                       max_world=max_world, emucluster=emucluster, stream=verbose, echo=click.echo,
                       timing=not no_timing)
         t0 = time.perf_counter()
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         try:
             t.check()
             rep = t.run(ctx)
+            busy = busy_note(load, os.cpu_count() or 1, rep.claims)
+            if busy:
+                rep.notes.append(busy)
         except Skip as e:
             rep = t.report(ctx, skipped=str(e), commands=list(ctx.commands))
         except RunFailed as e:  # a failed run ends this target, the others go on

@@ -495,8 +495,20 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-__all__ += ["claims_summary", "format_report", "write_report_json", "holds_text", "NOT_TIMED", "unexplained", "untimed",
-            "judge_times"]
+__all__ += ["busy_note", "claims_summary", "format_report", "write_report_json", "holds_text", "NOT_TIMED",
+            "unexplained", "untimed", "judge_times"]
+
+
+def busy_note(load: float, cores: int, claims: Sequence[Claim]) -> str | None:
+    """A report note when the machine was busy as a target with time claims started: the 1-minute load
+    average ``load`` (other processes' work, and a previous target's jobs) above its ``cores``.  Such runs
+    widen the repeats' spread, so a time claim an idle machine separates may read 'noise'; None otherwise."""
+    if load <= cores or not any("noise band" in c.note for c in claims):
+        return None
+    return (f"the machine was busy when this target started: 1-minute load average {load:.1f} on {cores} cores "
+            "(other processes share the cores with the jobs), so the time claims' repeats spread wider and a "
+            "difference an idle machine separates may read 'noise'; rerun on an idle machine, or with "
+            "--no-timing")
 
 
 def untimed(claim: Claim) -> Claim:
