@@ -296,3 +296,19 @@ def test_a_busy_machine_is_named_in_the_report_of_a_timed_target():
     untimed_only = _claims("deft-buildup", _quick("deft-buildup"))
     assert not any("noise band" in c.note for c in untimed_only)
     assert busy_note(5.2, 2, untimed_only) is None
+
+
+def test_the_communication_claim_compares_a_typical_steps_transfer_job_by_job():
+    """Recorded with bench step's phases_median_step (08dede3, a busy machine): the claim compares the median
+    step's transfer job by job; on that run the jobs spread too wide to call ('noise').  The same jobs with
+    DEFT's typical transfer 20% below each other scheme's in every job read 'yes', 30% above read 'no'."""
+    fx = _load(DATA / "deft-breakdown@quick-08dede3.json")
+    com = _claims("deft-breakdown", fx)[1]
+    assert com.verdict == "noise" and "of a typical step" in com.note and "DEFT's time / topk" in com.note
+    rows = {r["scheme"]: r for r in fx["data"]["rows"]}
+    others = [min(t, c) for t, c in zip(rows["topk"]["communication_typical_samples"],
+                                        rows["cltk"]["communication_typical_samples"])]
+    for factor, verdict in ((0.8, "yes"), (1.3, "no")):
+        rows["deft"]["communication_typical_samples"] = [factor * x for x in others]
+        rows["deft"]["communication_typical"] = sorted(rows["deft"]["communication_typical_samples"])[2]
+        assert _claims("deft-breakdown", fx)[1].verdict == verdict
