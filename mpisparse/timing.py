@@ -2,7 +2,9 @@
 
 A step is timed as a whole and split into phases from the fixed vocabulary
 :data:`PHASES` (docs/design.md), so every scheme's breakdown reads the
-same.  The timer keeps one record per timed step; the reduction gives, per
+same.  The timer keeps the sums over every timed step and a record of each of
+the last :data:`KEEP_STEPS` steps (a long training run would otherwise grow
+by one record a step); the reduction gives, per
 phase, the mean over ranks and the max over ranks of each rank's mean
 seconds per step.  The step time reported is the slowest rank's, because
 the step waits for it.  The printed table is
@@ -21,6 +23,8 @@ PHASES: tuple[str, ...] = (
     "send_activations", "send_gradients", "wait",
 )
 _NULL = nullcontext()
+#: per-step records a timer keeps (the newest); means are over every timed step
+KEEP_STEPS = 10_000
 
 
 class PhaseTimer:
@@ -36,7 +40,11 @@ class PhaseTimer:
         self.enabled = enabled
         self.recording = True
         self.sync = sync
+        #: the last :data:`KEEP_STEPS` timed steps, oldest first
         self.records: list[dict[str, float]] = []
+        #: timed steps so far, and each phase's (and ``step``'s) seconds summed over all of them
+        self.steps = 0
+        self.totals: dict[str, float] = {}
         self._current: dict[str, float] | None = None
         self._open: list[str] = []  # the phases open now, innermost last
         #: with ``trace``: ``(name, start, end, step)`` of every timed step and phase, in seconds since
@@ -74,7 +82,7 @@ class PhaseTimer:
                 t1 = self._now()
                 cur[name] = cur.get(name, 0.0) + t1 - t0
                 if self.spans is not None:
-                    self.spans.append((name, t0, t1, len(self.records)))
+                    self.spans.append((name, t0, t1, self.steps))
 
     def carve(self, name: str, seconds: float) -> None:
         """Move ``seconds`` of the innermost open phase to phase ``name`` (a wait measured inside it, e.g.
@@ -104,17 +112,21 @@ class PhaseTimer:
             record["step"] = t1 - t0
             self._current = None
             if self.spans is not None:
-                self.spans.append(("step", t0, t1, len(self.records)))
+                self.spans.append(("step", t0, t1, self.steps))
+            self.steps += 1
+            for k, v in record.items():
+                self.totals[k] = self.totals.get(k, 0.0) + v
             self.records.append(record)
+            if len(self.records) > KEEP_STEPS:
+                del self.records[0]
 
     def means(self) -> dict[str, float]:
-        """Mean seconds per timed step of each phase seen, and of ``step``."""
-        n = len(self.records)
-        if n == 0:
+        """Mean seconds per timed step (all of them, not only the kept records) of each phase seen, and of
+        ``step``."""
+        if self.steps == 0:
             return {}
-        keys: list[str] = [p for p in PHASES if any(p in r for r in self.records)]
-        out = {k: sum(r.get(k, 0.0) for r in self.records) / n for k in keys}
-        out["step"] = sum(r["step"] for r in self.records) / n
+        out = {k: self.totals[k] / self.steps for k in PHASES if k in self.totals}
+        out["step"] = self.totals["step"] / self.steps
         return out
 
 

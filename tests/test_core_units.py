@@ -64,6 +64,32 @@ def test_timer_records_phases_per_step_and_skips_warmup():
     assert m["step"] >= m["select"] + m["update"] > 0
 
 
+def test_timer_keeps_the_last_records_and_averages_every_step(monkeypatch):
+    """A long run keeps a bounded number of per-step records; the means still count every timed step."""
+    import mpisparse.timing as timing
+
+    monkeypatch.setattr(timing, "KEEP_STEPS", 3)
+    t = PhaseTimer()
+    for i in range(5):
+        with t.step():
+            t.carve("wait", float(i))  # no open phase: all of it to wait, a known value per step
+    assert [r["wait"] for r in t.records] == [2.0, 3.0, 4.0] and t.steps == 5
+    assert t.means()["wait"] == pytest.approx(2.0)  # (0 + 1 + 2 + 3 + 4) / 5, not the kept records' 3.0
+
+
+def test_slowest_step_over_ranks_matches_the_gathered_reference():
+    from conftest import SelfComm
+
+    from mpisparse.results.build import slowest_per_step, slowest_per_step_over_ranks
+
+    records = [{"select": 1.0, "step": 2.0}, {"select": 3.0, "exchange_values": 0.5, "step": 4.5},
+               {"select": 0.5, "step": 9.0}]
+    mean, typical = slowest_per_step_over_ranks(SelfComm(), records, ("mean", "median"))
+    assert mean == slowest_per_step([records]) and typical == slowest_per_step([records], over_steps="median")
+    assert typical == {"select": 1.0, "exchange_values": 0.0, "step": 4.5}
+    assert slowest_per_step_over_ranks(SelfComm(), [], ("mean",)) == [None]
+
+
 def test_timer_rejects_unknown_phase_and_disabled_is_noop():
     t = PhaseTimer(enabled=False)
     with pytest.raises(ValueError, match="unknown phase 'selekt'"):

@@ -63,10 +63,7 @@ class ServerStats:
     done_order: list[int] = field(default_factory=list)
 
     def summary(self, timer: PhaseTimer) -> dict[str, Any]:
-        totals: dict[str, float] = {}
-        for rec in timer.records:
-            for k, v in rec.items():
-                totals[k] = totals.get(k, 0.0) + v
+        totals = timer.totals
         per = max(self.recorded_pushes, 1)
         return {
             "role": "server",

@@ -81,6 +81,18 @@ def timing_fields(reduced: dict[str, dict[str, float]]) -> dict[str, Any]:
             "step_seconds": step["max"], "step_seconds_mean_over_ranks": step["mean"]}
 
 
+def _reduce_steps(step_max: np.ndarray, names: Sequence[str], over_steps: str) -> dict[str, float]:
+    """``{name: reduction over steps}`` of a (steps x names) array of each step's max over ranks."""
+    if over_steps not in ("mean", "median"):
+        raise ValueError(f"over_steps is {over_steps!r}; allowed: mean, median")
+    reduce = np.mean if over_steps == "mean" else np.median
+    return {p: float(reduce(step_max[:, i])) for i, p in enumerate(names)}
+
+
+def _step_names(keys: set[str]) -> list[str]:
+    return [p for p in list(PHASES) + ["step"] if p in keys]
+
+
 def slowest_per_step(records: Sequence[Sequence[dict[str, float]]], *,
                      over_steps: str = "mean") -> dict[str, float] | None:
     """Per phase (and ``step``), that step's max over ranks -- the time of the slowest worker of each
@@ -88,16 +100,29 @@ def slowest_per_step(records: Sequence[Sequence[dict[str, float]]], *,
     ``mean`` (Fig. 7's average) or ``median`` (a typical step: one step in which the operating system
     took a rank's core away does not move it), from every rank's per-step records
     (:attr:`mpisparse.timing.PhaseTimer.records`).  None without timed steps (or ranks that disagree on how
-    many there were)."""
-    if over_steps not in ("mean", "median"):
-        raise ValueError(f"over_steps is {over_steps!r}; allowed: mean, median")
+    many there were).  The reference for :func:`slowest_per_step_over_ranks`, which runs it distributed."""
     steps = {len(r) for r in records}
     if not records or steps == {0} or len(steps) != 1:
+        if over_steps not in ("mean", "median"):
+            raise ValueError(f"over_steps is {over_steps!r}; allowed: mean, median")
         return None
-    n = steps.pop()
-    names = [p for p in list(PHASES) + ["step"] if any(p in d for r in records for d in r)]
-    reduce = np.mean if over_steps == "mean" else np.median
-    return {p: float(reduce([max(r[i].get(p, 0.0) for r in records) for i in range(n)])) for p in names}
+    names = _step_names({k for r in records for d in r for k in d})
+    step_max = np.max([[[d.get(p, 0.0) for p in names] for d in r] for r in records], axis=0)
+    return _reduce_steps(step_max, names, over_steps)
+
+
+def slowest_per_step_over_ranks(comm, records: Sequence[dict[str, float]],
+                                over_steps: Sequence[str] = ("mean",)) -> list[dict[str, float] | None]:
+    """:func:`slowest_per_step` of this rank's ``records`` and the other ranks', for each of ``over_steps``,
+    without gathering the records: the ranks agree on the step count and the phase names, then one
+    element-wise max over ranks of a (steps x phases) array, whose size does not grow with the ranks."""
+    meta = comm.allgather_obj((len(records), sorted({k for d in records for k in d})))
+    if {n for n, _ in meta} in ({0}, set()) or len({n for n, _ in meta}) != 1:
+        return [None for _ in over_steps]
+    names = _step_names({k for _, ks in meta for k in ks})
+    local = np.array([[d.get(p, 0.0) for p in names] for d in records], dtype=np.float64)
+    step_max = comm.allreduce(local.ravel(), op="max").reshape(local.shape)
+    return [_reduce_steps(step_max, names, o) for o in over_steps]
 
 
 def diagnostics_block(densities: Sequence[float], per_step: list[dict[str, float]]) -> dict[str, Any]:
@@ -125,9 +150,9 @@ def collective_result(comm, *, scheme: str, density_target: float, timer, step_b
     to ``staging_copies_per_step`` (mean per step, max over ranks).
     """
     timing = timing_fields(reduce_over_ranks(comm, timer.means()))
-    records = comm.allgather_obj(timer.records)
-    known.setdefault("phases_slowest_step", slowest_per_step(records))
-    known.setdefault("phases_median_step", slowest_per_step(records, over_steps="median"))
+    slowest, typical = slowest_per_step_over_ranks(comm, timer.records, ("mean", "median"))
+    known.setdefault("phases_slowest_step", slowest)
+    known.setdefault("phases_median_step", typical)
     per_rank = comm.allgather_obj({"bytes": float(np.mean(step_bytes)) if len(step_bytes) else 0.0,
                                    "selected": float(np.mean(selected)) if len(selected) else 0.0,
                                    "peak_rss": peak_rss_bytes() if memory else None,
