@@ -15,7 +15,8 @@ from mpisparse.backend import compiled
 from mpisparse.fusion import FusionLayout
 from mpisparse.schemes import create
 
-needs_numba = pytest.mark.skipif(not compiled.available(), reason="numba is not installed (pip install mpisparse[fast])")
+needs_numba = pytest.mark.skipif(not compiled.available(),
+                                 reason="numba is not installed (pip install mpisparse[fast])")
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps and madvise: Linux")
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -352,7 +352,9 @@ class Deft(Scheme):
         (:meth:`CollectiveScheme.warm_up`)."""
         from ..backend import numpy_kernels
 
-        if self.xp is not np or not compiled_segments.warm_up(numpy_kernels._segc_sizing(), backend.index_dtype(self.n)):
+        if self.xp is not np:
+            return ()
+        if not compiled_segments.warm_up(numpy_kernels._segc_sizing(), backend.index_dtype(self.n)):
             return ()
         return ("compensate_norms", "segment_topk")
 
