@@ -58,6 +58,7 @@ import torch
 from . import backend
 from .comm import Communicator
 from .fusion import FusionLayout
+from .pages import settle
 from .schemes import create
 from .timing import PhaseTimer
 
@@ -128,6 +129,7 @@ class _DistributedMixin:
         self._grad_views = [self._flat[s.offset:s.end].view(s.shape) for s in self.layout.layers]
         self.buffer = backend.as_array(self._flat)
         self.scheme.use_array_module(backend.array_module(self.buffer))
+        settle(self.scheme)  # its compiled loops loaded now, LLVM's code pages unmapped after (mpisparse.pages)
         self._flag = np.zeros(3, dtype=np.int32)  # [non-finite, active (not joined), rank joining now]
         self._active, self._joining_now = 1, -1
         self.skipped_steps = 0

@@ -88,8 +88,18 @@ def to_module(x: Any, xp: ModuleType):
 
 
 def unique_count(x: Any) -> int:
-    """Distinct values of ``x`` (on its own array module; the count is a shape, no copy to the host)."""
-    return int(array_module(x).unique(x).shape[0])
+    """Distinct values of ``x`` (on its own array module; the count is a shape, no copy to the host).
+
+    Host integer arrays (index sets): a sorted copy and a count of its steps.  NumPy 2.4's ``np.unique``
+    of 350,000 int32 indices left 18 MiB resident after it returned (a rank's memory grew by 2 MiB a
+    step counting threshold's selection in ``bench step``); the sort leaves nothing."""
+    xp = array_module(x)
+    if xp is not np or not isinstance(x, np.ndarray) or x.dtype.kind not in "iu":
+        return int(xp.unique(x).shape[0])
+    if x.size == 0:
+        return 0
+    s = np.sort(x, axis=None)
+    return 1 + int(np.count_nonzero(s[1:] != s[:-1]))
 
 
 def norm(x: Any) -> float:

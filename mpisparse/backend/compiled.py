@@ -23,7 +23,7 @@ import os
 
 import numpy as np
 
-__all__ = ["available", "enabled", "scatter_sum", "select_ge"]
+__all__ = ["KERNELS", "available", "enabled", "scatter_sum", "select_ge", "warm_up"]
 
 #: elements per block of the loops: a block's hits are counted (one vectorised loop) before any is collected
 _BLOCK = 32
@@ -219,3 +219,36 @@ def select_ge(x: np.ndarray, t, cap: int, idt):
     cand = _buffers.get(cap, idt)
     c = int(_select_pass(x, t, cand))
     return cand[:c] if c <= cap else None
+
+
+#: the loops :func:`warm_up` can load, by the names the schemes declare (``CollectiveScheme.compiled_kernels``)
+KERNELS = ("fused", "select", "momentum", "segments_fused", "segments_select", "scatter_sum")
+
+
+def warm_up(kernels, idt=np.int32) -> tuple[str, ...]:
+    """Load ``kernels`` (names of :data:`KERNELS`) by one call each on 64-element arrays, with the types a
+    step passes them (float32 vectors, ``idt`` indices): numba then loads them from its cache (or compiles
+    them) now, before a rank's full-size buffers exist, instead of inside the first step.  Touches none of
+    the module's reused buffers, so no result changes.  Returns the names called (none when not
+    :func:`enabled`); an unknown name is a ValueError."""
+    kernels = tuple(kernels)
+    bad = [k for k in kernels if k not in KERNELS]
+    if bad:
+        raise ValueError(f"compiled kernel {bad[0]!r} is not one of {', '.join(KERNELS)}")
+    if not enabled():
+        return ()
+    n, t, f32 = 64, np.float32(1.0), np.float32
+    x, g, cand = np.zeros(n, f32), np.ones(n, f32), np.empty(n, idt)
+    starts, ends, thr = np.array([0], np.int64), np.array([n], np.int64), np.ones(1, f32)
+    calls = {
+        "fused": lambda: _fused_pass(x, g, t, cand),
+        "select": lambda: _select_pass(x, t, cand),
+        "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand),
+        "segments_fused": lambda: _segments_fused_pass(x, g, starts, ends, thr, cand),
+        "segments_select": lambda: _segments_select_pass(x, starts, ends, thr, cand),
+        "scatter_sum": lambda: _scatter_sum_pass(x, np.zeros(1, idt), np.zeros(1, idt), np.ones(1, f32),
+                                                 np.array([0, 1], np.int64), t, np.empty(0, f32)),
+    }
+    for name in kernels:
+        calls[name]()
+    return kernels

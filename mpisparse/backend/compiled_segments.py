@@ -44,7 +44,7 @@ import numpy as np
 
 from .compiled import enabled
 
-__all__ = ["compensate_norms", "segment_topk"]
+__all__ = ["compensate_norms", "segment_topk", "warm_up"]
 
 #: elements per block of the candidate pass (its hits are counted before any is collected)
 _BLOCK = 64
@@ -431,3 +431,22 @@ def compensate_norms(e: np.ndarray, g: np.ndarray, st: np.ndarray, sz: np.ndarra
     sums = np.empty(st.size, dtype=np.float64)
     _compensate_sumsq(e, g, st, sz, sums)
     return np.sqrt(sums)
+
+
+def warm_up(sizing: tuple, idt=np.int32) -> bool:
+    """Load the float32 loops of :func:`compensate_norms` and :func:`segment_topk` by one call each on
+    64-element arrays with the types a step passes them (``sizing``: the caller's seven sample-sizing
+    numbers; ``idt``: the output index type; the norms' spans are strided int64 views, as a layer
+    table's columns are): numba loads them now, before a rank's full-size buffers exist, not inside the
+    first step.  The kept candidate buffers are not touched, so no result changes.  False when the
+    compiled loops are not enabled."""
+    if not (_HAVE_NUMBA and enabled()):
+        return False
+    x, g = np.zeros(64, np.float32), np.ones(64, np.float32)
+    spans = np.array([[0, 32], [32, 32]], dtype=np.int64)  # columns: strided, as DEFT's layer spans
+    _compensate_sumsq(x, g, spans[:, 0], spans[:, 1], np.empty(2, np.float64))
+    st, sz, k = np.array([0, 32], np.int64), np.array([32, 32], np.int64), np.array([2, 2], np.int64)
+    bufs = (np.empty(1024, np.int64), np.empty(1024, np.uint32), np.empty(1024, np.uint32))
+    _segments_pass(g.view(np.uint32), _MASK32, _ZERO32, st, sz, k, tuple(float(v) for v in sizing), 0,
+                   np.empty(4, idt), *bufs, 3)
+    return True

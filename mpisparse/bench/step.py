@@ -22,6 +22,7 @@ from ..config import BenchConfig
 from ..fusion import FusionLayout
 from ..gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
+from ..pages import settle
 from ..schemes import create
 from ..results.build import collective_result, current_rss_bytes, reset_peak_rss
 from ..timing import PhaseTimer
@@ -49,6 +50,8 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     on_device = grad is not drawn
     if cfg.separate_wait:  # the barrier before each collective is timed as "wait", not as the exchange
         comm.wait_timer = timer
+    # the compiled loops loaded now, before the full-size buffers are written, and LLVM's code unmapped after
+    settle(sch)
     # this scheme's own peak (Linux): what earlier schemes of the job held is freed and forgotten, and so is
     # the generator's start-up (a float64 draw of its pool); its pool and the gradient buffer stay counted
     reset_peak_rss()

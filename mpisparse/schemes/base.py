@@ -53,6 +53,9 @@ class CollectiveScheme(SchemeBase):
     provides_momentum: ClassVar[bool] = False
     #: exchanges only through Allreduce, Bcast and Allgatherv, whose two-level forms give the same result
     hierarchical: ClassVar[bool] = True
+    #: the compiled loops a host step calls (names of :data:`mpisparse.backend.compiled.KERNELS`), loaded by
+    #: :meth:`warm_up` before the full-size buffers exist
+    compiled_kernels: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def bucket_reason(cls, options: dict[str, Any]) -> str | None:
@@ -93,6 +96,17 @@ class CollectiveScheme(SchemeBase):
             else:
                 self._out = self.layout.zeros(xp=self.xp)
         return self._out
+
+    def warm_up(self) -> tuple[str, ...]:
+        """Load the compiled loops a host step will call (:attr:`compiled_kernels`) on tiny arrays, so that
+        numba's loading of them (about 56 MiB; 22 of it kept after :func:`mpisparse.pages.settle`) happens
+        before the first step allocates the full-size buffers rather than on top of them.  Nothing of the
+        scheme's state changes.  Returns the loops called (none on a device or with the loops off)."""
+        if self.xp is not np or not self.compiled_kernels:
+            return ()
+        from ..backend import compiled
+
+        return compiled.warm_up(self.compiled_kernels, backend.index_dtype(self.n))
 
     def use_array_module(self, xp) -> None:
         """Keep outputs and state on array module ``xp`` from now on (memories moved: explicit copies)."""

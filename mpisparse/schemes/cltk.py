@@ -280,6 +280,8 @@ class LowPassMemory(Memory):
 class CLTK(Scheme):
     """Cyclic local top-k: the leader ``t mod W`` picks, everyone reduces its values there."""
 
+    compiled_kernels = ("fused",)
+
     options = (
         BETA,
         SchemeOption("chunks", int, 1,

@@ -185,6 +185,8 @@ class DCT(SparseGatherScheme):
     before the first recomputation) and :attr:`recomputed_at`.
     """
 
+    compiled_kernels = ("select", "segments_fused", "segments_select", "scatter_sum")
+
     options = (
         SchemeOption("lifespan", int, 1000,
                      "dct: threshold life-span L, recompute each layer's top-K threshold when L divides "

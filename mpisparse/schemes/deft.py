@@ -347,6 +347,17 @@ class Deft(Scheme):
         self._last_indices = all_idx
         return out
 
+    def warm_up(self) -> tuple[str, ...]:
+        """The compiled compensation-and-norms pass and segmented top-k, loaded on tiny arrays
+        (:meth:`CollectiveScheme.warm_up`)."""
+        from ..backend import numpy_kernels
+
+        if self.xp is not np:
+            return ()
+        if not compiled_segments.warm_up(numpy_kernels._segc_sizing(), backend.index_dtype(self.n)):
+            return ()
+        return ("compensate_norms", "segment_topk")
+
     def _compensate_norms(self, grad):
         """``(acc, norms)``: Alg. 1 l.5 and, where the compiled pass runs (residual error feedback on host
         float arrays, numba, ``MPISPARSE_FUSED`` not 0), the layer norms of ``acc`` found in the same pass

@@ -291,6 +291,7 @@ class DGC(SparseGatherScheme):
 
     #: the returned update already contains momentum: apply it with plain SGD
     provides_momentum = True
+    compiled_kernels = ("momentum", "segments_select", "scatter_sum")
 
     options = (
         SchemeOption("sample_fraction", float, 0.01,

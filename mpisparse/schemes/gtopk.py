@@ -188,6 +188,7 @@ class GTopK(Scheme):
     #: its tree pairs ranks point-to-point and each merge decides which values survive: a host-aware
     #: pairing would change the result, so ``--hierarchical`` does not apply
     hierarchical = False
+    compiled_kernels = ("fused",)
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)

@@ -17,6 +17,8 @@ from .base import SchemeOption, SparseGatherScheme, register
 
 @register("threshold")
 class Threshold(SparseGatherScheme):
+    compiled_kernels = ("fused", "select", "scatter_sum")
+
     options = (
         SchemeOption("threshold", float, None,
                      "threshold: fixed magnitude threshold tau (default: calibrated at step 1 from --density)",

@@ -21,6 +21,8 @@ from .base import SELECT_KERNEL, SchemeOption, SparseGatherScheme, register
 
 @register("topk")
 class TopK(SparseGatherScheme):
+    compiled_kernels = ("fused", "scatter_sum")
+
     options = (
         SchemeOption("layerwise", bool, False,
                      "topk: select ceil(density * size) entries in each layer instead of over the whole vector"),
