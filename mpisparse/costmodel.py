@@ -16,7 +16,7 @@ collective     time                                              used by
 =============  ================================================  =========================
 Allreduce      2 log2(W) a + 2 (W-1)/W m b (halving/doubling)    dense (n), cltk, deft (k)
 Allgatherv     log2(W) a + (W-1) m b (m per rank)                topk (k indices, k values)
-Bcast, small   log2(W) (a + m b) (binomial tree, m < 12 KiB)     deft (its bins)
+Bcast, small   log2(W) (a + m b) (binomial tree, m < 12 KiB)     deft (its bins; only under the eq3 cost model)
 Bcast          2 log2(W) a + 2 (W-1)/W m b (scatter + allgather)  cltk (k indices)
 pairwise       log2(W) (2 a + m b) (sendrecv, both ways at once)  gtopk (k indices + values)
 =============  ================================================  =========================
@@ -155,7 +155,8 @@ def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: 
         frac = min(1.0, imbalance / W)
         comp = {"compensate": stream * n, "select": rates.segmented * n * frac + rates.pick * k * frac,
                 "update": rates.scatter * k}
-        comm = (lg * a  # the leader's bins (an int32 per layer: a short Bcast, its bytes negligible)
+        from .schemes.deft import PACK_COST  # "size": every rank packs the same bins once, no Bcast
+        comm = ((lg * a if PACK_COST == "eq3" else 0.0)  # the leader's bins (an int32 per layer: a short Bcast)
                 + 2 * lg * a + (W - 1) / W * k * _INDEX_BYTES * b  # counts, then the indices (Allgatherv)
                 + 2 * lg * a + 2 * (W - 1) / W * k * _VALUE_BYTES * b)  # the values (Allreduce)
     else:  # gtopk

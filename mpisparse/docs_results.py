@@ -790,14 +790,14 @@ def _link_bytes_sent(links: Any) -> list[float] | None:
 _table(Table(
     name="emucluster",
     title="On an emulated cluster, links of 1 Gbit/s (`bin/emucluster run`)",
-    about=("`bench step` on emulated hosts (network namespaces on this machine, each with its own "
+    about=("`bench step` on 4 and 8 emulated hosts (network namespaces on this machine, each with its own "
            "rate-limited link; see [cluster.md](../cluster.md)), where the dense exchange is link-bound."),
-    runs=lambda quick: [Run(f"{m}-d{d}", ["bench", "step", "--model", m]
+    runs=lambda quick: [Run(f"{m}-h{h}-d{d}", ["bench", "step", "--model", m]
                             + [a for s in (EMU_SCHEMES[:2] if quick else EMU_SCHEMES) for a in ("--scheme", s)]
                             + ["--density", d, "--iters", "2" if quick else "3", "--warmup", "1"],
-                            emucluster=(2 if quick else 4, "1gbit"), link_stats=True)
-                        for m, d in ((("ncf", "0.01"),) if quick else
-                                     (("resnet50", "0.01"), ("resnet50", "0.001")))],
+                            emucluster=(h, "1gbit"), link_stats=True)
+                        for h, m, d in (((2, "ncf", "0.01"),) if quick else
+                                        [(h, "resnet50", d) for h in (4, 8) for d in ("0.01", "0.001")])],
     render=_emucluster_render,
     unavailable=_emucluster_unavailable,
 ))

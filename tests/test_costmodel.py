@@ -64,8 +64,16 @@ def test_bcast_is_a_tree_when_short_and_scatter_allgather_when_long():
     small = cm.predict("cltk", 100_000, 0.01, W, LINK, RATES)  # k = 1,000: 4 kB, below 12 KiB: a binomial tree
     assert small["exchange"] == pytest.approx(3 * (50e-6 + 4000 / 1.25e8) + 2 * 3 * 50e-6
                                               + 2 * 7 / 8 * 4000 / 1.25e8)
-    dft = cm.predict("deft", n, 0.01, W, LINK, RATES)  # bins (latency), counts + indices, values
-    assert dft["exchange"] == pytest.approx(3 * 50e-6 + 2 * 3 * 50e-6 + 7 / 8 * k * 4 / 1.25e8 + allreduce)
+    dft = cm.predict("deft", n, 0.01, W, LINK, RATES)  # counts + indices, values (bins packed once: no Bcast)
+    assert dft["exchange"] == pytest.approx(2 * 3 * 50e-6 + 7 / 8 * k * 4 / 1.25e8 + allreduce)
+
+
+def test_deft_bins_bcast_is_costed_only_when_the_leader_packs(monkeypatch):
+    from mpisparse.schemes import deft
+    n, W = 10_000_000, 8
+    size = cm.predict("deft", n, 0.01, W, LINK, RATES)["exchange"]
+    monkeypatch.setattr(deft, "PACK_COST", "eq3")
+    assert cm.predict("deft", n, 0.01, W, LINK, RATES)["exchange"] == pytest.approx(size + 3 * 50e-6)
 
 
 def test_one_rank_sends_nothing_and_shared_cores_stretch_compute():

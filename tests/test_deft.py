@@ -26,6 +26,7 @@ from mpisparse.schemes.deft import (
     local_k,
     select_layers,
     simulate_selection_times,
+    size_bins,
 )
 from mpisparse.timing import PhaseTimer
 
@@ -210,6 +211,50 @@ def test_scheme_is_registered_and_one_rank_is_layerwise_topk_with_norm_k():
     assert d["select_seconds_max"] == d["select_seconds_mean"] == sch.last_select_seconds
     assert d["select_imbalance"] == 1.0
     assert d["error_norm"] == pytest.approx(float(np.linalg.norm(resid)), rel=1e-6)
+
+
+@pytest.mark.parametrize("w", [1, 2, 3, 8])
+def test_size_bins_are_the_packing_of_any_norms_and_k(w):
+    """Under the size cost model the bins read no norm: size_bins (packed once) equals Alg. 4 on the ks of
+    any norms, zero and tiny norms, k = 1 and k = n included (the layout has an empty layer)."""
+    layers = deft_layers(LAYOUT, w)
+    sizes = [l.size for l in layers]
+    assert 0 in sizes
+    rng = np.random.default_rng(w)
+    want = size_bins(sizes, w)
+    norm_sets = [rng.random(len(sizes)), np.zeros(len(sizes)), rng.random(len(sizes)) ** 40,
+                 np.where(rng.random(len(sizes)) < 0.5, 0.0, 1e30)]
+    for norms in norm_sets:
+        for k in (1, 7, k_for(0.05, LAYOUT.n), LAYOUT.n - 1, LAYOUT.n):
+            ks = local_k(sizes, norms, k)
+            assert bin_pack(sizes, ks, w, "size", PACK_LAYER_OVERHEAD) == want, (norms, k)
+    # the paper's cost reads k: there the leader's norms matter
+    assert bin_pack(sizes, local_k(sizes, norm_sets[0], 7), w, "eq3") != want or w == 1
+
+
+class CountingComm(SelfComm):
+    def __init__(self):
+        self.bcasts = 0
+
+    def bcast(self, x, root=0):
+        self.bcasts += 1
+        return super().bcast(x, root)
+
+
+@pytest.mark.parametrize("cost", ["size", "eq3"])
+def test_bins_broadcast_only_when_the_cost_model_reads_k(monkeypatch, cost):
+    """PACK_COST "size": the bins are packed at construction, no Bcast; "eq3": the leader packs and
+    broadcasts every step (Alg. 4 l.3-16).  At one rank both select the same (one bin holds every layer)."""
+    from mpisparse.schemes import deft
+    ref = create("deft", SelfComm(), LAYOUT, 0.05)  # the default, "size"
+    monkeypatch.setattr(deft, "PACK_COST", cost)
+    comm = CountingComm()
+    sch = create("deft", comm, LAYOUT, 0.05)
+    for t in range(3):
+        g = grad_of(LAYOUT, t=t)
+        np.testing.assert_array_equal(sch.step(g.copy()), ref.step(g.copy()))
+        assert sch.last_bins.tolist() == [0] * len(sch.layers)
+    assert comm.bcasts == (3 if cost == "eq3" else 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -278,7 +278,7 @@ def test_the_communication_claim_compares_transfer_when_the_wait_is_separated():
     scheme printed); without, the older note: the measured difference is mostly waiting."""
     fx = _load(DATA / "deft-breakdown@quick-54e983e.json")
     com = _claims("deft-breakdown", fx)[1]
-    assert "the transfer alone" in com.note and "wait: topk" in com.note and "two more collectives" in com.note
+    assert "the transfer alone" in com.note and "wait: topk" in com.note and "one more collective" in com.note
     assert all(r["separate_wait"] for r in fx["data"]["rows"])
     old = _claims("deft-breakdown", _load(DATA / "deft-breakdown@quick-4d2a8ac.json"))[1]
     assert "mostly waiting" in old.note and "the transfer alone" not in old.note

@@ -168,13 +168,13 @@ def _comm_note(by: dict[str, dict[str, Any]], byt: dict[str, float]) -> str:
                 f"is its own phase (wait: {waits}), as the paper's cost model counts only transfer. " + ratios
                 + "Equal bytes need not take equal time: CLT-k's Bcast sends the leader's k indices down one "
                 "direction of the links, DEFT's Allgatherv sends every rank's share both ways at once (full-duplex "
-                "links), which can make DEFT's indices faster; against that DEFT makes two more collectives per "
-                "step (Alg. 4 l.16's Bcast of the allocation and the counts before its Allgatherv), each at least "
-                "one latency of the link")
+                "links), which can make DEFT's indices faster; against that DEFT makes one more collective per "
+                "step (the counts before its Allgatherv; Alg. 4 l.16's Bcast of the allocation is left out, as "
+                "the size cost model's bins are the same on every rank), at least one latency of the link")
     return ("this toolkit's kernels; communication = exchange_indices + exchange_values (max over ranks); on one "
             "machine it also holds the wait for the slowest rank's selection. " + ratios
-            + "So what can differ from CLT-k is waiting, not transfer: DEFT's Bcast waits for the leader's packing "
-            "and its Allgatherv for the slower rank's selection, CLT-k's exchange_indices for the leader's "
+            + "So what can differ from CLT-k is waiting, not transfer: DEFT's Allgatherv waits for the slower "
+            "rank's selection, CLT-k's exchange_indices for the leader's "
             "whole-vector top-k. At W=2 the messages are a few hundred KB, whose transfer times differ by well "
             "under a millisecond at 1 Gbit/s, so the measured difference is mostly waiting; at W=8 (docs/results/"
             "reproduce-w8-deft-breakdown.md) top-k's build-up makes DEFT clearly below top-k")

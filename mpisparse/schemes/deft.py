@@ -22,6 +22,12 @@ Every step, on every rank (Alg. 1 with ``Sparsify`` = Alg. 3-5)
        from its own norms and k (phase ``select``, leader only).
     4. Alg. 4 l.16: the leader broadcasts the bins, int32, one entry per
        layer (its bin), ``4 L`` bytes (phase ``exchange_indices``).
+       Steps 3-4 run only under the paper's cost model (``PACK_COST =
+       "eq3"``).  Under this project's default, ``"size"``, a layer's cost
+       is its size (plus a fixed per-layer cost) whatever its k, so the bins
+       depend on the layout and ``W`` alone: every rank packs them once, at
+       construction, and gets the leader's bins without the Bcast (see
+       "Bins without a broadcast" below).
     5. Alg. 4 l.17 and Alg. 5: rank ``r`` takes bin ``(t + r) mod W`` and
        runs top-k only in those layers, with its OWN local k per layer
        (phase ``select``).
@@ -58,13 +64,25 @@ Decisions where the paper is open
   later, lower-norm layers).  When ``k_total >= n`` every layer gets
   ``k_x = n_x`` instead, so DEFT at density 1 equals dense, as any sparsifier
   that sends everything must.
-* **Timing.**  The bins' Bcast is timed as ``exchange_indices`` (it is
-  communication, and a non-leader's wait for the leader's packing lands
-  there, as waits for the slowest rank do in every scheme).  ``select`` is
+* **Timing.**  The bins' Bcast (``"eq3"`` only) is timed as
+  ``exchange_indices`` (it is communication, and a non-leader's wait for the
+  leader's packing lands there, as waits for the slowest rank do in every
+  scheme).  ``select`` is
   the rank's own compute: norms, Alg. 3, the leader's Alg. 4 and Alg. 5.
   Its per-rank seconds of the last step are kept in
   :attr:`Deft.last_select_seconds` (Alg. 5 alone in
   :attr:`Deft.last_topk_seconds`) whether or not a timer is enabled.
+* **Bins without a broadcast.**  With ``PACK_COST = "size"`` Alg. 4's
+  cost of layer ``x`` is ``n_x + PACK_LAYER_OVERHEAD`` when ``k_x > 0`` and
+  0 otherwise, and Alg. 3 gives ``k_x = 0`` exactly to the empty layers
+  (``max(1, .)`` floors every other layer at 1).  So any rank's norms pack
+  the same bins as the leader's, every step: the broadcast would carry
+  nothing a rank does not know.  The scheme packs them once
+  (:func:`size_bins`) and drops Alg. 4 l.3-16 from the step (one collective
+  and ``4 L`` bytes less per step; the selections and the aggregate are the
+  same).  The leader cycle still decides which bin each rank takes
+  (Alg. 4 l.2, l.17).  Under ``"eq3"`` the leader packs and broadcasts as
+  printed.
 * **State.**  Besides ``iteration`` (the leader cycle) and the memory, DEFT
   keeps nothing: the partition is recomputed from the layout and ``W``.
 
@@ -110,7 +128,7 @@ PACK_COST = "size"
 PACK_LAYER_OVERHEAD = 32768.0
 
 __all__ = ["Deft", "deft_layers", "layer_norms", "local_k", "select_layers",
-           "simulate_selection_times"]
+           "simulate_selection_times", "size_bins"]
 
 
 # --------------------------------------------------------------------------
@@ -134,6 +152,17 @@ def deft_layers(layout, world_size: int) -> list[Layer]:
     if world_size > 1 and sum(sizes) > 0:
         layers = split_large(layers, -(-sum(sizes) // (PACK_PIECES * world_size)))
     return layers
+
+
+def size_bins(sizes: Sequence[int], world_size: int) -> list[list[int]]:
+    """Alg. 4 l.4-15 under the ``"size"`` cost model, from the layer sizes alone.
+
+    The cost of layer ``x`` is ``sizes[x] + PACK_LAYER_OVERHEAD`` when its
+    ``k_x > 0`` and 0 otherwise; :func:`local_k` gives ``k_x = 0`` exactly to
+    the empty layers, so this equals ``bin_pack(sizes, ks, world_size, "size",
+    PACK_LAYER_OVERHEAD)`` for the ``ks`` of any norms and any ``k_total``.
+    """
+    return bin_pack(sizes, [min(int(s), 1) for s in sizes], world_size, "size", PACK_LAYER_OVERHEAD)
 
 
 def _spans(layers: Sequence[Layer]) -> tuple[np.ndarray, np.ndarray]:
@@ -279,12 +308,20 @@ class Deft(Scheme):
         self.layer_sizes = [layer.size for layer in self.layers]
         self._spans = _spans(self.layers)
         self._bins = np.zeros(len(self.layers), dtype=np.int32)  # Alg. 4 l.16 payload
+        #: the W bins as layer-index arrays, packed once when the cost model reads no k (PACK_COST "size"),
+        #: else None (the leader packs and broadcasts every step)
+        self._fixed_parts: list[np.ndarray] | None = None
+        if PACK_COST == "size":
+            self._bins[...] = encode_bins(size_bins(self.layer_sizes, W), len(self.layers))
+            self._bins.flags.writeable = False
+            self._fixed_parts = [np.asarray(p, dtype=np.int64) for p in decode_bins(self._bins, W)]
         self._scratch = None
         #: this rank's select-phase seconds of the last step (own compute)
         self.last_select_seconds = 0.0
         #: this rank's Alg. 5 seconds of the last step
         self.last_topk_seconds = 0.0
-        #: leader of the last step and the bins it broadcast (encoded)
+        #: leader of the last step and its bins (encoded; under PACK_COST "size" the bins packed at
+        #: construction, the same array every step)
         self.last_leader: int | None = None
         self.last_bins: np.ndarray | None = None
         #: this rank's local k (Alg. 3, own norms) and own selection, last step
@@ -305,16 +342,20 @@ class Deft(Scheme):
                 norms = layer_norms(acc, self.layers, self._spans)
             ks = local_k(self.layer_sizes, norms, self.k)  # Alg. 3, own norms
             cycle = leader(t, W)  # Alg. 4 l.1
-            if rank == cycle:  # Alg. 4 l.3
+            if self._fixed_parts is None and rank == cycle:  # Alg. 4 l.3 (eq3: the bins read k)
                 self._bins[...] = encode_bins(bin_pack(self.layer_sizes, ks, W, PACK_COST, PACK_LAYER_OVERHEAD), len(self.layers))  # l.4-15
             s1 = time.perf_counter()
 
-        with self.phase("exchange_indices"):
-            self.comm.bcast(self._bins, root=cycle)  # Alg. 4 l.16
+        if self._fixed_parts is None:
+            with self.phase("exchange_indices"):
+                self.comm.bcast(self._bins, root=cycle)  # Alg. 4 l.16
 
         with self.phase("select"):
             s2 = time.perf_counter()
-            part = decode_bins(self._bins, W)[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
+            if self._fixed_parts is None:
+                part = decode_bins(self._bins, W)[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
+            else:  # the bins every rank packed at construction: the leader's, whatever its norms
+                part = self._fixed_parts[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
             idx = select_layers(acc, self.layers, ks, part, self._scratch, self._spans,  # Alg. 1 l.6 = Alg. 5
                                 self.select_kernel)
             backend.synchronize(idx)
@@ -341,7 +382,7 @@ class Deft(Scheme):
         self.last_select_seconds = (s1 - s0) + (s3 - s2)
         self.last_topk_seconds = s3 - s2
         self.last_leader = cycle
-        self.last_bins = self._bins.copy()
+        self.last_bins = self._bins if self._fixed_parts is not None else self._bins.copy()
         self.last_ks = ks
         self.last_own_indices = idx
         self._last_indices = all_idx

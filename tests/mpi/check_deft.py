@@ -4,8 +4,9 @@ Every rank regenerates all ranks' gradients, simulates all ranks' DEFT steps
 (memory included) and checks, per step: the aggregate, that every rank holds
 it, this rank's own selection, that the selections of different ranks are
 disjoint, that the bins were packed by the leader ``t mod W`` from ITS norms,
-and the bytes of the pattern (Bcast of the bins + counts + ring Allgatherv of
-the indices + ring Allreduce of the values at the union).  Then density 1
+and the bytes of the pattern (Bcast of the bins, under the eq3 cost model only
++ counts + ring Allgatherv of the indices + ring Allreduce of the values at the
+union).  Then density 1
 against dense, no memory, diagnostics and state.
 
 The reference uses mpisparse.layer_partition's transcriptions of the boxes for
@@ -87,7 +88,8 @@ def run(density, **kw):
 
 def expected_bytes(rec_t, t):
     counts = [len(o) for o in rec_t["own"]]
-    return (world.chain_bcast(4 * len(layers), t % W) + world.ring_allgather([1] * W, 8)
+    bins = world.chain_bcast(4 * len(layers), t % W) if PACK_COST == "eq3" else 0  # "size": packed once, no Bcast
+    return (bins + world.ring_allgather([1] * W, 8)
             + world.ring_allgather(counts, 4) + world.ring_allreduce(4 * len(rec_t["union"])))
 
 
