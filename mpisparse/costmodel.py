@@ -232,9 +232,9 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
     """Time the kernels on this machine, median of ``repeats``: seconds per element.
 
     ``processes``: how many processes time them at once, each on its own copies of the vectors, each
-    repetition started together (a barrier) and its time the slowest process's: the rates of ranks that
-    share this machine's cores and memory bandwidth (``processes`` = ranks running at once,
-    :func:`sharing`).  1: one process on an otherwise idle machine (a host of a real cluster).
+    repetition started together (a barrier) and its time the slowest process's, counting only the
+    repetitions the processes did run at once (:func:`slowest`): the rates of ranks that share this
+    machine's cores and memory bandwidth (``processes`` = ranks running at once, :func:`sharing`).  1: one process on an otherwise idle machine (a host of a real cluster).
     ``timeout``: seconds the processes may take in all (``processes`` > 1).
 
     ``n``: the vector size (the model's: random accesses into the output cost more the larger it is).
@@ -258,7 +258,8 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
         n = int(np.asarray(grad).shape[0])
     args = (n, density, dense_density, repeats, grad, other)
     if processes == 1:
-        times = _kernel_times(*args, start=lambda: None)
+        times = {name: [t1 - t0 for t0, t1 in spans]
+                 for name, spans in _kernel_times(*args, start=lambda: None).items()}
     else:
         times = slowest(_times_at_once(args, processes, timeout))
     k_hi = _selected(n, density, dense_density)[1]
@@ -266,17 +267,31 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
     return Rates(**{name: float(np.median(ts)) / per[name] for name, ts in times.items()})
 
 
-def slowest(runs: list[dict[str, list[float]]]) -> dict[str, list[float]]:
-    """Per kernel and repetition, the slowest of the processes that ran it at once (each run: kernel ->
-    seconds per repetition)."""
+def slowest(runs: list[dict[str, list[tuple[float, float]]]], *, overlap: float = 0.5) -> dict[str, list[float]]:
+    """Per kernel, the seconds of the repetitions the processes ran at once: each repetition's slowest
+    process.  ``runs``: per process, kernel -> ``(start, end)`` of each repetition (one clock for all
+    processes).  A repetition counts when the processes' spans overlap by at least ``overlap`` of the
+    shortest one; on a busy machine a process started together with the others may run after them, at
+    nearly its rate alone.  If no repetition of a kernel counts, all do (the machine gave no better)."""
     if not runs:
         raise ValueError("no process reported kernel times")
+    if not 0 <= overlap <= 1:
+        raise ValueError(f"overlap {overlap}; allowed: [0, 1]")
     out: dict[str, list[float]] = {}
     for key, first in runs[0].items():
         lens = {len(r[key]) for r in runs}
         if len(lens) != 1:
             raise ValueError(f"kernel {key}: the processes timed {sorted(lens)} repetitions; they must agree")
-        out[key] = [max(r[key][i] for r in runs) for i in range(len(first))]
+        every, together = [], []
+        for i in range(len(first)):
+            spans = [r[key][i] for r in runs]
+            longest = max(t1 - t0 for t0, t1 in spans)
+            shortest = min(t1 - t0 for t0, t1 in spans)
+            shared = min(t1 for _, t1 in spans) - max(t0 for t0, _ in spans)
+            every.append(longest)
+            if shared >= overlap * shortest:
+                together.append(longest)
+        out[key] = together or every
     return out
 
 
@@ -322,8 +337,9 @@ def _selected(n: int, density: float, dense_density: float) -> tuple[int, int]:
 
 def _kernel_times(n: int, density: float, dense_density: float, repeats: int, grad, other, *,
                   start) -> dict[str, list[float]]:
-    """Seconds of each repetition of each kernel (:func:`measure_rates`), each started after ``start()``.
-    Works on its own copies of the vectors."""
+    """``(start, end)`` of each repetition of each kernel (:func:`measure_rates`; ``time.perf_counter``,
+    one clock for all processes on Linux), each started after ``start()``.  Works on its own copies of the
+    vectors."""
     from . import backend
     from .backend import fused as fused_mod
     from .backend import numpy_kernels as nk
@@ -338,21 +354,21 @@ def _kernel_times(n: int, density: float, dense_density: float, repeats: int, gr
         e = (rng.standard_normal(n) * 0.1).astype(np.float32)
     k, k_hi = _selected(n, density, dense_density)
 
-    def timed(fn) -> list[float]:
+    def timed(fn) -> list[tuple[float, float]]:
         fn()  # a first call (compiled kernels, buffers) is not timed
-        ts = []
+        spans = []
         for _ in range(repeats):
             start()
             t0 = time.perf_counter()
             fn()
-            ts.append(time.perf_counter() - t0)
-        return ts
+            spans.append((t0, time.perf_counter()))
+        return spans
 
     def pick_once() -> None:  # the select phase after the fused pass: the exact k among the candidates, values
         idx = fused_mod.topk_from_candidates(e, cand, k_hi)
         e[idx]
 
-    out: dict[str, list[float]] = {}
+    out: dict[str, list[tuple[float, float]]] = {}
     out["stream"] = timed(lambda: np.add(e, g, out=e))
     out["topk"] = timed(lambda: nk.topk_abs(e, k))
     out["fused"] = timed(lambda: fused_mod.topk_from_candidates(e, fused_mod.compensate_candidates(e, g, k), k))

@@ -102,13 +102,20 @@ def test_shared_cores_stretch_every_compute_phase_and_not_the_link():
     assert cm.predict("dense", n, d, 2, LINK, slow, shared_cores=2)["update"] == pytest.approx(2e-9 * n)
 
 
-def test_slowest_takes_the_max_over_processes_per_repetition():
-    runs = [{"stream": [1.0, 5.0, 2.0]}, {"stream": [3.0, 1.0, 2.5]}]
-    assert cm.slowest(runs) == {"stream": [3.0, 5.0, 2.5]}  # not the max of medians, nor the first's
+def test_slowest_takes_the_max_over_processes_of_the_repetitions_run_at_once():
+    runs = [{"stream": [(0.0, 1.0), (10.0, 15.0), (20.0, 22.0)]},
+            {"stream": [(0.0, 3.0), (10.0, 11.0), (20.0, 22.5)]}]
+    assert cm.slowest(runs) == {"stream": [3.0, 5.0, 2.5]}  # per repetition, not the max of medians
+    one_after_other = [{"stream": [(0.0, 1.0), (5.0, 6.0)]}, {"stream": [(1.0, 2.0), (5.5, 6.5)]}]
+    assert cm.slowest(one_after_other) == {"stream": [1.0]}  # the first did not run at once: left out
+    assert cm.slowest(one_after_other, overlap=0.6) == {"stream": [1.0, 1.0]}  # none at once: all count
+    assert cm.slowest(one_after_other, overlap=0.0) == {"stream": [1.0, 1.0]}  # touching spans count
     with pytest.raises(ValueError, match=r"kernel stream: the processes timed \[1, 3\] repetitions"):
-        cm.slowest([{"stream": [1.0]}, runs[0]])
+        cm.slowest([{"stream": [(0.0, 1.0)]}, runs[0]])
     with pytest.raises(ValueError, match="no process"):
         cm.slowest([])
+    with pytest.raises(ValueError, match="overlap 2; allowed"):
+        cm.slowest(runs, overlap=2)
 
 
 def test_crossover_where_topk_overtakes_dense():
