@@ -232,9 +232,10 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
     """Time the kernels on this machine, median of ``repeats``: seconds per element.
 
     ``processes``: how many processes time them at once, each on its own copies of the vectors, each
-    repetition started together (a barrier) and its time the slowest process's, counting only the
-    repetitions the processes did run at once (:func:`slowest`): the rates of ranks that share this
-    machine's cores and memory bandwidth (``processes`` = ranks running at once, :func:`sharing`).  1: one process on an otherwise idle machine (a host of a real cluster).
+    repetition started together (a barrier), a quarter second of calls long, and its time per call the
+    slowest process's, counting only the repetitions the processes did run at once (:func:`slowest`): the
+    rates of ranks that share this machine's cores and memory bandwidth (``processes`` = ranks running at
+    once, :func:`sharing`).  1: one process on an otherwise idle machine (a host of a real cluster).
     ``timeout``: seconds the processes may take in all (``processes`` > 1).
 
     ``n``: the vector size (the model's: random accesses into the output cost more the larger it is).
@@ -258,7 +259,7 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
         n = int(np.asarray(grad).shape[0])
     args = (n, density, dense_density, repeats, grad, other)
     if processes == 1:
-        times = {name: [t1 - t0 for t0, t1 in spans]
+        times = {name: [(t1 - t0) / calls for t0, t1, calls in spans]
                  for name, spans in _kernel_times(*args, start=lambda: None).items()}
     else:
         times = slowest(_times_at_once(args, processes, timeout))
@@ -267,11 +268,12 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
     return Rates(**{name: float(np.median(ts)) / per[name] for name, ts in times.items()})
 
 
-def slowest(runs: list[dict[str, list[tuple[float, float]]]], *, overlap: float = 0.5) -> dict[str, list[float]]:
-    """Per kernel, the seconds of the repetitions the processes ran at once: each repetition's slowest
-    process.  ``runs``: per process, kernel -> ``(start, end)`` of each repetition (one clock for all
-    processes).  A repetition counts when the processes' spans overlap by at least ``overlap`` of the
-    shortest one; on a busy machine a process started together with the others may run after them, at
+def slowest(runs: list[dict[str, list[tuple[float, float, int]]]], *,
+            overlap: float = 0.5) -> dict[str, list[float]]:
+    """Per kernel, the seconds per call of the repetitions the processes ran at once: each repetition's
+    slowest process.  ``runs``: per process, kernel -> ``(start, end, calls)`` of each repetition (one clock
+    for all processes).  A repetition counts when the processes' spans overlap by at least ``overlap`` of
+    the shortest one; on a busy machine a process started together with the others may run after them, at
     nearly its rate alone.  If no repetition of a kernel counts, all do (the machine gave no better)."""
     if not runs:
         raise ValueError("no process reported kernel times")
@@ -285,9 +287,9 @@ def slowest(runs: list[dict[str, list[tuple[float, float]]]], *, overlap: float 
         every, together = [], []
         for i in range(len(first)):
             spans = [r[key][i] for r in runs]
-            longest = max(t1 - t0 for t0, t1 in spans)
-            shortest = min(t1 - t0 for t0, t1 in spans)
-            shared = min(t1 for _, t1 in spans) - max(t0 for t0, _ in spans)
+            longest = max((t1 - t0) / calls for t0, t1, calls in spans)
+            shortest = min(t1 - t0 for t0, t1, _ in spans)
+            shared = min(t1 for _, t1, _ in spans) - max(t0 for t0, _, _ in spans)
             every.append(longest)
             if shared >= overlap * shortest:
                 together.append(longest)
@@ -295,8 +297,10 @@ def slowest(runs: list[dict[str, list[tuple[float, float]]]], *, overlap: float 
     return out
 
 
-def _times_at_once(args: tuple, processes: int, timeout: float) -> list[dict]:
-    """:func:`_kernel_times` in ``processes`` forked processes at once, each repetition behind a barrier."""
+def _times_at_once(args: tuple, processes: int, timeout: float, window: float = 0.25) -> list[dict]:
+    """:func:`_kernel_times` in ``processes`` forked processes at once, each repetition behind a barrier and
+    ``window`` seconds of calls long (a process that wakes from the barrier late still overlaps the
+    others for most of it)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")  # the children inherit the compiled kernels and the gradients
@@ -305,7 +309,7 @@ def _times_at_once(args: tuple, processes: int, timeout: float) -> list[dict]:
 
     def child(i: int) -> None:
         try:
-            queue.put((i, _kernel_times(*args, start=lambda: barrier.wait(timeout))))
+            queue.put((i, _kernel_times(*args, start=lambda: barrier.wait(timeout), window=window)))
         except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises)
             barrier.abort()
             queue.put((i, f"{type(exc).__name__}: {exc}"))
@@ -336,10 +340,10 @@ def _selected(n: int, density: float, dense_density: float) -> tuple[int, int]:
 
 
 def _kernel_times(n: int, density: float, dense_density: float, repeats: int, grad, other, *,
-                  start) -> dict[str, list[float]]:
-    """``(start, end)`` of each repetition of each kernel (:func:`measure_rates`; ``time.perf_counter``,
-    one clock for all processes on Linux), each started after ``start()``.  Works on its own copies of the
-    vectors."""
+                  start, window: float = 0.0) -> dict[str, list[tuple[float, float, int]]]:
+    """``(start, end, calls)`` of each repetition of each kernel (:func:`measure_rates`;
+    ``time.perf_counter``, one clock for all processes on Linux), each started after ``start()``: one call,
+    or (``window`` > 0) as many calls as fill ``window`` seconds.  Works on its own copies of the vectors."""
     from . import backend
     from .backend import fused as fused_mod
     from .backend import numpy_kernels as nk
@@ -354,21 +358,25 @@ def _kernel_times(n: int, density: float, dense_density: float, repeats: int, gr
         e = (rng.standard_normal(n) * 0.1).astype(np.float32)
     k, k_hi = _selected(n, density, dense_density)
 
-    def timed(fn) -> list[tuple[float, float]]:
+    def timed(fn) -> list[tuple[float, float, int]]:
         fn()  # a first call (compiled kernels, buffers) is not timed
         spans = []
         for _ in range(repeats):
             start()
-            t0 = time.perf_counter()
-            fn()
-            spans.append((t0, time.perf_counter()))
+            t0 = t1 = time.perf_counter()
+            calls = 0
+            while calls == 0 or t1 - t0 < window:
+                fn()
+                calls += 1
+                t1 = time.perf_counter()
+            spans.append((t0, t1, calls))
         return spans
 
     def pick_once() -> None:  # the select phase after the fused pass: the exact k among the candidates, values
         idx = fused_mod.topk_from_candidates(e, cand, k_hi)
         e[idx]
 
-    out: dict[str, list[tuple[float, float]]] = {}
+    out: dict[str, list[tuple[float, float, int]]] = {}
     out["stream"] = timed(lambda: np.add(e, g, out=e))
     out["topk"] = timed(lambda: nk.topk_abs(e, k))
     out["fused"] = timed(lambda: fused_mod.topk_from_candidates(e, fused_mod.compensate_candidates(e, g, k), k))

@@ -103,15 +103,17 @@ def test_shared_cores_stretch_every_compute_phase_and_not_the_link():
 
 
 def test_slowest_takes_the_max_over_processes_of_the_repetitions_run_at_once():
-    runs = [{"stream": [(0.0, 1.0), (10.0, 15.0), (20.0, 22.0)]},
-            {"stream": [(0.0, 3.0), (10.0, 11.0), (20.0, 22.5)]}]
+    runs = [{"stream": [(0.0, 1.0, 1), (10.0, 15.0, 1), (20.0, 22.0, 1)]},
+            {"stream": [(0.0, 3.0, 1), (10.0, 11.0, 1), (20.0, 22.5, 1)]}]
     assert cm.slowest(runs) == {"stream": [3.0, 5.0, 2.5]}  # per repetition, not the max of medians
-    one_after_other = [{"stream": [(0.0, 1.0), (5.0, 6.0)]}, {"stream": [(1.0, 2.0), (5.5, 6.5)]}]
+    calls = [{"k": [(0.0, 1.0, 4)]}, {"k": [(0.1, 1.1, 5)]}]  # seconds per call: the fewer calls, the slower
+    assert cm.slowest(calls) == {"k": [0.25]}
+    one_after_other = [{"stream": [(0.0, 1.0, 1), (5.0, 6.0, 1)]}, {"stream": [(1.0, 2.0, 1), (5.5, 6.5, 1)]}]
     assert cm.slowest(one_after_other) == {"stream": [1.0]}  # the first did not run at once: left out
     assert cm.slowest(one_after_other, overlap=0.6) == {"stream": [1.0, 1.0]}  # none at once: all count
     assert cm.slowest(one_after_other, overlap=0.0) == {"stream": [1.0, 1.0]}  # touching spans count
     with pytest.raises(ValueError, match=r"kernel stream: the processes timed \[1, 3\] repetitions"):
-        cm.slowest([{"stream": [(0.0, 1.0)]}, runs[0]])
+        cm.slowest([{"stream": [(0.0, 1.0, 1)]}, runs[0]])
     with pytest.raises(ValueError, match="no process"):
         cm.slowest([])
     with pytest.raises(ValueError, match="overlap 2; allowed"):

@@ -253,7 +253,7 @@ def bench_model(model, densities, worlds, rate, latency_us, exchange_json, share
     res = bm.run_model(model=model, densities=densities, worlds=worlds, link=link,
                        rates=cm.measure_rates(**grads), shared_cores=shared_cores,
                        measured=bm.load_measured(measured),
-                       rates_at=lambda p: cm.measure_rates(processes=p, repeats=9, **grads))
+                       rates_at=lambda p: cm.measure_rates(processes=p, repeats=3, **grads))
     click.echo(bm.format_model(res))
     if json_path:
         from ..results.provenance import local_provenance
