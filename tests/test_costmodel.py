@@ -120,6 +120,15 @@ def test_slowest_takes_the_max_over_processes_of_the_repetitions_run_at_once():
         cm.slowest(runs, overlap=2)
 
 
+def test_rates_are_the_fastest_repetition_per_element():
+    names = ("stream", "topk", "fused", "scatter", "segmented", "pick", "merge")
+    times = {k: [3.0, 1.0, 8.0] for k in names}  # a slow repetition (other work) does not count
+    r = cm.rates_from_times(times, {k: 4 if k in ("pick", "scatter", "merge") else 2 for k in names})
+    assert r.stream == 0.5 and r.pick == 0.25 and r.merge == 0.25
+    with pytest.raises(ValueError, match=r"kernels \['odd'\] have no element count"):
+        cm.rates_from_times({"odd": [1.0]}, {"stream": 1})
+
+
 def test_crossover_where_topk_overtakes_dense():
     n = 25_000_000
     w1, w2 = cm.crossover(n, 0.01, LINK, RATES), cm.crossover(n, 0.001, LINK, RATES)
