@@ -42,8 +42,10 @@ compute stretches by ``W / cores`` (MPICH polls while a rank waits: a
 waiting rank holds its share as a computing one does).
 
 What it leaves out: overlap between phases, the wait for the slowest rank
-beyond imbalance, congestion beyond one link per host, and the protocol
-switch points of a real MPI (eager vs rendezvous, algorithm choice).
+beyond imbalance, congestion beyond one link per host, the protocol
+switch points of a real MPI (eager vs rendezvous, algorithm choice), and,
+with shared cores, the waits of a collective's rounds for a rank that is
+not running (each holds its core for a scheduler slice).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 __all__ = ["Link", "Rates", "SCHEMES", "crossover", "fit_link", "measure_rates", "parse_rate", "predict",
-           "total"]
+           "rates_from_times", "sharing", "slowest", "total"]
 
 #: schemes the model covers
 SCHEMES = ("dense", "topk", "cltk", "deft", "gtopk")
