@@ -31,16 +31,21 @@ imbalance, ``segmented`` per element plus ``pick`` per element it selects;
 gTop-k merges two ``k``-sets in each of its ``log2(W)`` rounds (``merge``
 per merged entry); the update scatters the received entries (``scatter``
 per entry, the compiled scatter-add with its clear and scale; top-k: ``W k``
-entries, the build-up); dense scales ``n``.  ``shared_cores``: when the
-ranks share fewer cores than there are ranks (the emulated cluster: every
-host on this machine's cores), compute phases stretch by ``W / shared_cores``, and a pass over the vector
-(compensation, dense's scaling) costs at least ``stream_shared`` per element
-once ``W >= shared_cores``: that many passes run at once and share the
-machine's memory bandwidth.
+entries, the build-up); dense scales ``n``.
+
+Ranks sharing cores (``shared_cores``; the emulated cluster: every host on
+this machine's cores), :func:`sharing`: ``min(W, cores)`` ranks run at once,
+so the rates are measured with that many processes at once, each on its own
+vectors (they share the memory bandwidth and the last-level cache; the
+slowest process's time), and each rank gets ``cores / W`` of a core, so
+compute stretches by ``W / cores`` (MPICH polls while a rank waits: a
+waiting rank holds its share as a computing one does).
 
 What it leaves out: overlap between phases, the wait for the slowest rank
-beyond imbalance, congestion beyond one link per host, and the protocol
-switch points of a real MPI (eager vs rendezvous, algorithm choice).
+beyond imbalance, congestion beyond one link per host, the protocol
+switch points of a real MPI (eager vs rendezvous, algorithm choice), and,
+with shared cores, the waits of a collective's rounds for a rank that is
+not running (each holds its core for a scheduler slice).
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 __all__ = ["Link", "Rates", "SCHEMES", "crossover", "fit_link", "measure_rates", "parse_rate", "predict",
-           "total"]
+           "rates_from_times", "sharing", "slowest", "total"]
 
 #: schemes the model covers
 SCHEMES = ("dense", "topk", "cltk", "deft", "gtopk")
@@ -77,7 +82,8 @@ class Link:
 
 @dataclass(frozen=True)
 class Rates:
-    """Seconds per element of the compute kernels on one core."""
+    """Seconds per element of the compute kernels on one core (:func:`measure_rates`: alone, or as several
+    processes at once)."""
 
     stream: float  # one pass reading two vectors and writing one (e += g, out *= s)
     topk: float  # exact top-k of a compensated vector (whole vector, density 0.001-0.01)
@@ -86,7 +92,6 @@ class Rates:
     segmented: float  # DEFT's per-layer top-k over a rank's layers, per element
     pick: float = 0.0  # per selected element: the exact pick among the candidates and the values' gather
     merge: float = 0.0  # gTop-k: per entry of the two k-sets one round merges (union, sum, top k)
-    stream_shared: float = 0.0  # ``stream`` with several passes at once sharing memory bandwidth (0: not timed)
 
 
 def parse_rate(text: str) -> float:
@@ -127,7 +132,11 @@ def _bcast(m: float, W: int, a: float, b: float) -> float:
 def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: Rates, *,
             imbalance: float = 1.1, shared_cores: int | None = None) -> dict[str, float]:
     """Predicted seconds of each phase of one step of ``scheme`` (``compensate``, ``select``,
-    ``exchange``, ``update``) on ``world`` ranks, one per host."""
+    ``exchange``, ``update``) on ``world`` ranks, one per host.
+
+    ``shared_cores``: the ranks share that many cores (the emulated cluster); compute is stretched by
+    :func:`sharing`'s ``stretch``, and ``rates`` must then be measured with its ``processes`` at once
+    (:func:`measure_rates`).  None: a core per rank, ``rates`` measured alone."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not in the cost model; allowed: {', '.join(SCHEMES)}")
     if world < 1:
@@ -137,10 +146,8 @@ def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: 
     W, a, b = int(world), link.latency, 1.0 / link.bandwidth
     k = max(1, int(density * n))
     lg = _log2(W)
-    stretch = max(1.0, W / shared_cores) if shared_cores else 1.0
-    # shared cores all busy: as many passes over a vector at once, which share the memory bandwidth
-    floor = rates.stream_shared if shared_cores and W >= shared_cores else 0.0
-    fused, stream = max(rates.fused, floor), max(rates.stream, floor)
+    stretch = sharing(W, shared_cores)[1]
+    fused, stream = rates.fused, rates.stream
     if scheme == "dense":
         comp = {"compensate": 0.0, "select": 0.0, "update": stream * n}
         m = 4 * n
@@ -204,113 +211,217 @@ def crossover(n: int, density: float, link: Link, rates: Rates, *, max_world: in
     return None
 
 
+def sharing(world: int, cores: int | None) -> tuple[int, float]:
+    """How ``world`` ranks share ``cores`` cores (the emulated cluster: every host on this machine's cores):
+    ``(processes, stretch)``.  ``processes``: how many of them run a kernel at once (``min(world, cores)``;
+    the compute rates of a prediction are to be measured with that many processes at once, which share the
+    memory bandwidth and the last-level cache).  ``stretch``: how much longer each rank's compute takes
+    because the ranks take turns on the cores (``world / cores`` when there are more ranks than cores).
+    A rank that waits in a collective holds its share of a core as one that computes does (MPICH polls
+    while it waits), so the turns are taken whether or not the other ranks compute.  ``cores`` None: a
+    core per rank (a real cluster), ``(1, 1.0)``."""
+    if world < 1:
+        raise ValueError(f"world size {world}; it must be >= 1")
+    if cores is None:
+        return 1, 1.0
+    if cores < 1:
+        raise ValueError(f"shared cores {cores}; it must be >= 1")
+    return min(world, cores), max(1.0, world / cores)
+
+
 def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
-                  dense_density: float = 0.01, concurrent: int = 1, grad: np.ndarray | None = None,
-                  other: np.ndarray | None = None) -> Rates:
-    """Time the kernels on this machine (one thread), median of ``repeats``: seconds per element.
+                  dense_density: float = 0.01, processes: int = 1, grad: np.ndarray | None = None,
+                  other: np.ndarray | None = None, timeout: float = 600.0) -> Rates:
+    """Time the kernels on this machine, the fastest of ``repeats``: seconds per element.  The fastest, not
+    the median: other work on the machine only slows a kernel, and the model is of the steps without it.
+
+    ``processes``: how many processes time them at once, each on its own copies of the vectors, each
+    repetition started together (a barrier), a quarter second of calls long, and its time per call the
+    slowest process's, counting only the repetitions the processes did run at once (:func:`slowest`): the
+    rates of ranks that share this machine's cores and memory bandwidth (``processes`` = ranks running at
+    once, :func:`sharing`).  1: one process on an otherwise idle machine (a host of a real cluster).
+    ``timeout``: seconds the processes may take in all (``processes`` > 1).
 
     ``n``: the vector size (the model's: random accesses into the output cost more the larger it is).
     ``fused``, ``topk`` and ``segmented`` are timed at ``density``; ``pick`` is the exact pick of
     ``dense_density * n`` elements among the fused pass's candidates and the gather of their values, per
     selected element (what ``select`` does after the pass); ``scatter`` is the
     compiled scatter-add (:func:`mpisparse.backend.scatter_sum`, the previous set cleared, the sum scaled)
-    of ``dense_density * n`` random entries; ``merge`` gTop-k's merge of two such sets.  ``concurrent`` > 1:
-    ``stream_shared`` is the stream pass timed in that many threads at once, each over its own vectors
-    (NumPy releases the GIL: the passes share only the memory bandwidth), wall seconds per element.
+    of ``dense_density * n`` random entries; ``merge`` gTop-k's merge of two such sets.
     ``grad``: the float32 gradient to time on (``n`` is then its size; ``bench model``: the model's synthetic
     gradients, whose top-k clusters in a few layers, as the steps' does) and ``other`` another rank's
     (default: ``grad`` rolled by a seventh of its length); the scattered and merged sets are then the
     top-k of the two, else random indices of a random normal vector.  ``scatter`` scatters both sets as
     two ranks' blocks (top-k's update at W = 2), clearing the previous union, per entry."""
+    if not 0 < density < dense_density <= 1:
+        raise ValueError(f"densities {density} and {dense_density}; allowed: 0 < density < dense_density <= 1")
+    if processes < 1:
+        raise ValueError(f"processes {processes}; it must be >= 1")
+    if repeats < 1:
+        raise ValueError(f"repeats {repeats}; it must be >= 1")
+    if grad is not None:
+        n = int(np.asarray(grad).shape[0])
+    args = (n, density, dense_density, repeats, grad, other)
+    if processes == 1:
+        times = {name: [(t1 - t0) / calls for t0, t1, calls in spans]
+                 for name, spans in _kernel_times(*args, start=lambda: None).items()}
+    else:
+        times = slowest(_times_at_once(args, processes, timeout))
+    k_hi = _selected(n, density, dense_density)[1]
+    per = {"stream": n, "topk": n, "fused": n, "segmented": n, "pick": k_hi, "scatter": 2 * k_hi, "merge": 2 * k_hi}
+    return rates_from_times(times, per)
+
+
+def rates_from_times(times: dict[str, list[float]], per: dict[str, int]) -> Rates:
+    """:class:`Rates` from each kernel's seconds per repetition and the elements one repetition handles:
+    the fastest repetition (other work on the machine only slows a kernel) per element."""
+    missing = sorted(set(times) - set(per))
+    if missing:
+        raise ValueError(f"kernels {missing} have no element count; allowed: {', '.join(sorted(per))}")
+    return Rates(**{name: float(np.min(ts)) / per[name] for name, ts in times.items()})
+
+
+def slowest(runs: list[dict[str, list[tuple[float, float, int]]]], *,
+            overlap: float = 0.5) -> dict[str, list[float]]:
+    """Per kernel, the seconds per call of the repetitions the processes ran at once: each repetition's
+    slowest process.  ``runs``: per process, kernel -> ``(start, end, calls)`` of each repetition (one clock
+    for all processes).  A repetition counts when the processes' spans overlap by at least ``overlap`` of
+    the shortest one; on a busy machine a process started together with the others may run after them, at
+    nearly its rate alone.  If no repetition of a kernel counts, all do (the machine gave no better)."""
+    if not runs:
+        raise ValueError("no process reported kernel times")
+    if not 0 <= overlap <= 1:
+        raise ValueError(f"overlap {overlap}; allowed: [0, 1]")
+    out: dict[str, list[float]] = {}
+    for key, first in runs[0].items():
+        lens = {len(r[key]) for r in runs}
+        if len(lens) != 1:
+            raise ValueError(f"kernel {key}: the processes timed {sorted(lens)} repetitions; they must agree")
+        every, together = [], []
+        for i in range(len(first)):
+            spans = [r[key][i] for r in runs]
+            longest = max((t1 - t0) / calls for t0, t1, calls in spans)
+            shortest = min(t1 - t0 for t0, t1, _ in spans)
+            shared = min(t1 for _, t1, _ in spans) - max(t0 for t0, _, _ in spans)
+            every.append(longest)
+            if shared >= overlap * shortest:
+                together.append(longest)
+        out[key] = together or every
+    return out
+
+
+def _times_at_once(args: tuple, processes: int, timeout: float, window: float = 0.25) -> list[dict]:
+    """:func:`_kernel_times` in ``processes`` forked processes at once, each repetition behind a barrier and
+    ``window`` seconds of calls long (a process that wakes from the barrier late still overlaps the
+    others for most of it)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")  # the children inherit the compiled kernels and the gradients
+    barrier = ctx.Barrier(processes)
+    queue = ctx.Queue()
+
+    def child(i: int) -> None:
+        try:
+            queue.put((i, _kernel_times(*args, start=lambda: barrier.wait(timeout), window=window)))
+        except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises)
+            barrier.abort()
+            queue.put((i, f"{type(exc).__name__}: {exc}"))
+
+    procs = [ctx.Process(target=child, args=(i,), daemon=True) for i in range(processes)]
+    for p in procs:
+        p.start()
+    try:
+        results = [queue.get(timeout=timeout) for _ in procs]
+    except Exception:  # queue.Empty: a process hung or died
+        raise RuntimeError(f"timing the kernels in {processes} processes at once took over {timeout:.0f} s "
+                           "or a process died") from None
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    errors = [r for _, r in results if isinstance(r, str)]
+    if errors:
+        raise RuntimeError(f"timing the kernels in {processes} processes at once failed: {errors[0]}")
+    return [r for _, r in sorted(results, key=lambda x: x[0])]
+
+
+def _selected(n: int, density: float, dense_density: float) -> tuple[int, int]:
+    """``k`` at ``density`` and at ``dense_density`` (at least ``k + 1``) for a vector of ``n``."""
+    k = max(1, int(density * n))
+    return k, max(k + 1, int(dense_density * n))
+
+
+def _kernel_times(n: int, density: float, dense_density: float, repeats: int, grad, other, *,
+                  start, window: float = 0.0) -> dict[str, list[tuple[float, float, int]]]:
+    """``(start, end, calls)`` of each repetition of each kernel (:func:`measure_rates`;
+    ``time.perf_counter``, one clock for all processes on Linux), each started after ``start()``: one call,
+    or (``window`` > 0) as many calls as fill ``window`` seconds.  Works on its own copies of the vectors."""
     from . import backend
     from .backend import fused as fused_mod
     from .backend import numpy_kernels as nk
     from .schemes.gtopk import merge_topk
 
-    if not 0 < density < dense_density <= 1:
-        raise ValueError(f"densities {density} and {dense_density}; allowed: 0 < density < dense_density <= 1")
     rng = np.random.default_rng(0)
     if grad is not None:
-        g = np.ascontiguousarray(grad, dtype=np.float32)
-        n = g.shape[0]
+        g = np.array(grad, dtype=np.float32)  # a copy: each process streams its own vectors
         e = (g * np.float32(0.1)).astype(np.float32)
     else:
         g = rng.standard_normal(n).astype(np.float32)
         e = (rng.standard_normal(n) * 0.1).astype(np.float32)
-    k = max(1, int(density * n))
-    k_hi = max(k + 1, int(dense_density * n))
+    k, k_hi = _selected(n, density, dense_density)
 
-    def med(fn) -> float:
+    def timed(fn) -> list[tuple[float, float, int]]:
         fn()  # a first call (compiled kernels, buffers) is not timed
-        ts = []
+        spans = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts))
+            start()
+            t0 = t1 = time.perf_counter()
+            calls = 0
+            while calls == 0 or t1 - t0 < window:
+                fn()
+                calls += 1
+                t1 = time.perf_counter()
+            spans.append((t0, t1, calls))
+        return spans
 
     def pick_once() -> None:  # the select phase after the fused pass: the exact k among the candidates, values
         idx = fused_mod.topk_from_candidates(e, cand, k_hi)
         e[idx]
 
-    stream = med(lambda: np.add(e, g, out=e)) / n
-    topk = med(lambda: nk.topk_abs(e, k)) / n
-    fused = med(lambda: fused_mod.topk_from_candidates(e, fused_mod.compensate_candidates(e, g, k), k)) / n
+    out: dict[str, list[tuple[float, float, int]]] = {}
+    out["stream"] = timed(lambda: np.add(e, g, out=e))
+    out["topk"] = timed(lambda: nk.topk_abs(e, k))
+    out["fused"] = timed(lambda: fused_mod.topk_from_candidates(e, fused_mod.compensate_candidates(e, g, k), k))
     found = fused_mod.compensate_candidates(e, g, k_hi)
     cand = None if found is None else found.copy()  # (the pass's buffer is reused by the next call)
-    pick = med(pick_once) / k_hi
+    out["pick"] = timed(pick_once)
     if grad is not None:  # the sets the steps scatter: a top-k of the gradients, and another rank's
         g2 = np.roll(g, n // 7) if other is None else np.ascontiguousarray(other, dtype=np.float32)
         idx = nk.topk_abs(g, k_hi).astype(backend.index_dtype(n))
-        other = nk.topk_abs(g2, k_hi).astype(idx.dtype)
+        oth = nk.topk_abs(g2, k_hi).astype(idx.dtype)
     else:
         idx = rng.choice(n, size=k_hi, replace=False).astype(backend.index_dtype(n))
-        other = rng.choice(n, size=k_hi, replace=False).astype(idx.dtype)
-    both = [np.concatenate((idx, other)), np.concatenate((other, idx))]  # two steps: the blocks swap places
+        oth = rng.choice(n, size=k_hi, replace=False).astype(idx.dtype)
+    both = [np.concatenate((idx, oth)), np.concatenate((oth, idx))]  # two steps: the blocks swap places
     prev = [idx[:0]]
-    out = np.zeros(n, dtype=np.float32)
+    dense_out = np.zeros(n, dtype=np.float32)
     vals = np.concatenate((g[:k_hi], g[-k_hi:]))
 
     def scatter_once() -> None:
         sets = both[0] if prev[0] is not both[0] else both[1]
-        backend.scatter_sum(out, sets, vals, [k_hi, k_hi], 0.5, clear=prev[0])
+        backend.scatter_sum(dense_out, sets, vals, [k_hi, k_hi], 0.5, clear=prev[0])
         prev[0] = sets
 
-    scatter = med(scatter_once) / (2 * k_hi)
-    vals = vals[:k_hi]
-    other = np.sort(other)
-    mine = np.sort(idx)
-    merge = med(lambda: merge_topk(mine, vals, other, g[-k_hi:], k_hi)) / (2 * k_hi)
+    out["scatter"] = timed(scatter_once)
+    mine, theirs, v1 = np.sort(idx), np.sort(oth), vals[:k_hi]
+    out["merge"] = timed(lambda: merge_topk(mine, v1, theirs, g[-k_hi:], k_hi))
     layers = 64
     starts = np.arange(layers, dtype=np.int64) * (n // layers)
     sizes = np.full(layers, n // layers, dtype=np.int64)
     ks = np.maximum(1, (sizes * density).astype(np.int64))
-    segmented = med(lambda: nk.segment_topk_abs(e, starts, sizes, ks)) / n
-    stream_shared = _stream_at_once(n, concurrent, med) if concurrent > 1 else 0.0
-    return Rates(stream=stream, topk=topk, fused=fused, scatter=scatter, segmented=segmented, pick=pick,
-                 merge=merge, stream_shared=stream_shared)
-
-
-def _stream_at_once(n: int, threads: int, med) -> float:
-    """Wall seconds per element of ``threads`` stream passes (``e += g``) run at once, one per thread."""
-    import threading
-
-    pairs = [(np.zeros(n, dtype=np.float32), np.ones(n, dtype=np.float32)) for _ in range(threads)]
-
-    def run() -> None:
-        start = threading.Barrier(threads)
-
-        def one(e, g) -> None:
-            start.wait()
-            np.add(e, g, out=e)
-
-        ts = [threading.Thread(target=one, args=p) for p in pairs]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-
-    return med(run) / n
+    out["segmented"] = timed(lambda: nk.segment_topk_abs(e, starts, sizes, ks))
+    return out
 
 
 def rates_dict(r: Rates) -> dict[str, float]:

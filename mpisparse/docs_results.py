@@ -420,14 +420,19 @@ def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
     within = sum(e <= 0.2 for e in errs)
     cross = m.get("topk_slower_than_dense_at_world", {})
     rates = m.get("rates_seconds_per_element", {})
+    at_once = m.get("rates_at_once_seconds_per_element") or {}
+
+    def ns(r: dict[str, float]) -> str:
+        return ", ".join(f"{k} {v * 1e9:.2f}" for k, v in r.items())
+
     return (f"{m.get('model')} (n = {_int(m.get('n'))}); link fitted to `bench exchange` on the emulated cluster: "
             f"{link.get('bytes_per_second', 0) * 8 / 1e9:.3g} Gbit/s, latency "
-            f"{link.get('latency_seconds', 0) * 1e6:.0f} us; kernel rates measured by the command (ns per element: "
-            + ", ".join(f"{k} {v * 1e9:.2f}" for k, v in rates.items())
-            + f"); predictions of the measured points stretch compute by W / {m.get('shared_cores')} (every "
-              "emulated host shares this machine's cores) and cost a pass over the vector at least "
-              "`stream_shared` per element (that many passes at once share the memory bandwidth); the curves "
-              "to W = 1,024 assume a core per rank.\n\n"
+            f"{link.get('latency_seconds', 0) * 1e6:.0f} us; kernel rates measured by the command, ns per element, "
+            f"one process alone: {ns(rates)}"
+            + "".join(f"; {p} processes at once (the slowest of them): {ns(r)}" for p, r in at_once.items())
+            + f". Predictions of the measured points use the rates of min(W, {m.get('shared_cores')}) processes "
+              f"at once and stretch compute by W / {m.get('shared_cores')} (every emulated host shares this "
+              "machine's cores); the curves to W = 1,024 assume a core per rank and the rates alone.\n\n"
             + md_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"], rows)
             + f"\n\n{within} of {len(errs)} predictions within 20% of the measured step. Top-k's build-up makes its "
               "predicted step slower than dense's from W = "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from mpisparse import costmodel as cm
@@ -83,15 +84,57 @@ def test_one_rank_sends_nothing_and_shared_cores_stretch_compute():
     assert b["compensate"] == pytest.approx(4 * a["compensate"]) and b["exchange"] == a["exchange"]
 
 
-def test_shared_cores_floor_a_pass_at_the_shared_memory_bandwidth():
-    shared = cm.Rates(stream=1e-9, topk=2e-9, fused=1.2e-9, scatter=1e-8, segmented=3e-9, stream_shared=2e-9)
-    n = 10**6
-    w4 = cm.predict("topk", n, 0.01, 4, LINK, shared, shared_cores=2)  # both cores busy: 2 ns, stretched by 2
-    assert w4["compensate"] == pytest.approx(2 * 2e-9 * n)
-    assert cm.predict("dense", n, 0.01, 8, LINK, shared, shared_cores=2)["update"] == pytest.approx(4 * 2e-9 * n)
-    one = cm.predict("topk", n, 0.01, 1, LINK, shared, shared_cores=2)  # one pass at a time: its own rate
-    assert one["compensate"] == pytest.approx(1.2e-9 * n)
-    assert cm.predict("topk", n, 0.01, 4, LINK, shared)["compensate"] == pytest.approx(1.2e-9 * n)  # a core each
+def test_sharing_runs_min_of_ranks_and_cores_at_once_and_stretches_by_ranks_per_core():
+    assert cm.sharing(8, 2) == (2, 4.0)
+    assert cm.sharing(2, 2) == (2, 1.0)
+    assert cm.sharing(3, 2) == (2, 1.5)
+    assert cm.sharing(1, 2) == (1, 1.0)  # one rank: alone, a core of its own
+    assert cm.sharing(16, None) == (1, 1.0)  # a core per rank
+    with pytest.raises(ValueError, match="shared cores 0; it must be >= 1"):
+        cm.sharing(4, 0)
+    with pytest.raises(ValueError, match="world size 0"):
+        cm.sharing(0, 2)
+
+
+def test_shared_cores_stretch_every_compute_phase_and_not_the_link():
+    n, d = 10**6, 0.01
+    for s in cm.SCHEMES:
+        a = cm.predict(s, n, d, 8, LINK, RATES)
+        b = cm.predict(s, n, d, 8, LINK, RATES, shared_cores=2)
+        for phase in ("compensate", "select", "update"):
+            assert b[phase] == pytest.approx(4 * a[phase]), (s, phase)
+        assert b["exchange"] == a["exchange"]
+    slow = cm.Rates(stream=2e-9, topk=2e-9, fused=2.4e-9, scatter=1e-8, segmented=3e-9, pick=4e-8, merge=3e-8)
+    w4 = cm.predict("topk", n, d, 4, LINK, slow, shared_cores=2)  # rates of 2 processes at once, 2 ranks a core
+    assert w4["compensate"] == pytest.approx(2 * 2.4e-9 * n)
+    assert cm.predict("dense", n, d, 2, LINK, slow, shared_cores=2)["update"] == pytest.approx(2e-9 * n)
+
+
+def test_slowest_takes_the_max_over_processes_of_the_repetitions_run_at_once():
+    runs = [{"stream": [(0.0, 1.0, 1), (10.0, 15.0, 1), (20.0, 22.0, 1)]},
+            {"stream": [(0.0, 3.0, 1), (10.0, 11.0, 1), (20.0, 22.5, 1)]}]
+    assert cm.slowest(runs) == {"stream": [3.0, 5.0, 2.5]}  # per repetition, not the max of medians
+    calls = [{"k": [(0.0, 1.0, 4)]}, {"k": [(0.1, 1.1, 5)]}]  # seconds per call: the fewer calls, the slower
+    assert cm.slowest(calls) == {"k": [0.25]}
+    one_after_other = [{"stream": [(0.0, 1.0, 1), (5.0, 6.0, 1)]}, {"stream": [(1.0, 2.0, 1), (5.5, 6.5, 1)]}]
+    assert cm.slowest(one_after_other) == {"stream": [1.0]}  # the first did not run at once: left out
+    assert cm.slowest(one_after_other, overlap=0.6) == {"stream": [1.0, 1.0]}  # none at once: all count
+    assert cm.slowest(one_after_other, overlap=0.0) == {"stream": [1.0, 1.0]}  # touching spans count
+    with pytest.raises(ValueError, match=r"kernel stream: the processes timed \[1, 3\] repetitions"):
+        cm.slowest([{"stream": [(0.0, 1.0, 1)]}, runs[0]])
+    with pytest.raises(ValueError, match="no process"):
+        cm.slowest([])
+    with pytest.raises(ValueError, match="overlap 2; allowed"):
+        cm.slowest(runs, overlap=2)
+
+
+def test_rates_are_the_fastest_repetition_per_element():
+    names = ("stream", "topk", "fused", "scatter", "segmented", "pick", "merge")
+    times = {k: [3.0, 1.0, 8.0] for k in names}  # a slow repetition (other work) does not count
+    r = cm.rates_from_times(times, {k: 4 if k in ("pick", "scatter", "merge") else 2 for k in names})
+    assert r.stream == 0.5 and r.pick == 0.25 and r.merge == 0.25
+    with pytest.raises(ValueError, match=r"kernels \['odd'\] have no element count"):
+        cm.rates_from_times({"odd": [1.0]}, {"stream": 1})
 
 
 def test_crossover_where_topk_overtakes_dense():
@@ -147,12 +190,51 @@ def test_bad_inputs_are_one_line_errors():
 
 
 def test_measured_rates_are_positive_and_finite():
-    r = cm.measure_rates(n=1 << 18, repeats=1, concurrent=2)
+    r = cm.measure_rates(n=1 << 18, repeats=1)
     for v in cm.rates_dict(r).values():
         assert 0 < v < 1e-3 and math.isfinite(v)
-    assert cm.measure_rates(n=1 << 16, repeats=1).stream_shared == 0  # one pass at a time: not timed
     with pytest.raises(ValueError, match="densities 0.01 and 0.01; allowed"):
         cm.measure_rates(n=1 << 12, density=0.01)
+    with pytest.raises(ValueError, match="processes 0; it must be >= 1"):
+        cm.measure_rates(n=1 << 12, processes=0)
+
+
+def test_rates_timed_in_processes_at_once():
+    """Two processes, each on its own vectors, every repetition started together: the slowest's time."""
+    g = np.random.default_rng(1).standard_normal(1 << 18).astype(np.float32)
+    r = cm.measure_rates(repeats=2, processes=2, grad=g)
+    for v in cm.rates_dict(r).values():
+        assert 0 < v < 1e-3 and math.isfinite(v)
+    assert g[0] == np.random.default_rng(1).standard_normal(1).astype(np.float32)[0]  # the caller's untouched
+
+
+def test_run_model_predicts_measured_points_with_rates_of_the_ranks_at_once():
+    from mpisparse.bench import model as bm
+
+    alone = RATES
+    both = cm.Rates(**{k: 2 * v for k, v in cm.rates_dict(RATES).items()})
+    asked = []
+
+    def rates_at(p):
+        asked.append(p)
+        return both
+
+    measured = [{"scheme": "topk", "world_size": w, "density_target": 0.01, "n": 10**6, "step_seconds": 1.0}
+                for w in (2, 4, 8)]
+    res = bm.run_model(model="ncf", densities=[0.01], worlds=[2], link=LINK, rates=alone, shared_cores=2,
+                       measured=measured, rates_at=rates_at)
+    assert asked == [2]  # measured once, for every W >= 2 cores
+    for v in res["validation"]:
+        w = v["world_size"]
+        assert v["predicted_seconds"] == pytest.approx(cm.total(cm.predict("topk", 10**6, 0.01, w, LINK, both,
+                                                                            shared_cores=2)))
+    assert res["rates_at_once_seconds_per_element"]["2"]["stream"] == pytest.approx(2e-9)
+    [p] = [p for p in res["predictions"] if p["scheme"] == "topk"]  # the curves: a core per rank, rates alone
+    assert p["step_seconds"] == pytest.approx(cm.total(cm.predict("topk", bm.model_size("ncf"), 0.01, 2, LINK,
+                                                                  alone)))
+    with pytest.raises(ValueError, match="needs rates of 2 processes at once"):
+        bm.run_model(model="ncf", densities=[0.01], worlds=[2], link=LINK, rates=alone, shared_cores=2,
+                     measured=measured)
 
 
 def test_bench_model_cli_validates_against_measured_steps(tmp_path):
@@ -180,3 +262,17 @@ def test_bench_model_cli_validates_against_measured_steps(tmp_path):
     assert_not_blank(tmp_path / "p.png")
     bad = CliRunner().invoke(main, ["bench", "model", "--rate", "fast"])
     assert bad.exit_code == 2 and "link rate 'fast'" in bad.output
+
+
+def test_cost_model_table_names_both_sets_of_rates_and_counts_the_band():
+    from mpisparse.docs_results import _cost_model_render
+
+    val = [{"scheme": "topk", "density": 0.01, "world_size": w, "predicted_seconds": p, "measured_seconds": 1.0,
+            "error": p - 1.0} for w, p in ((2, 1.1), (4, 0.79), (8, 1.2))]
+    res = {"model": {"model": "resnet50", "n": 10, "link": {"bytes_per_second": 1.25e8, "latency_seconds": 0},
+                     "rates_seconds_per_element": {"stream": 2.6e-10},
+                     "rates_at_once_seconds_per_element": {"2": {"stream": 5.1e-10}}, "shared_cores": 2,
+                     "validation": val, "topk_slower_than_dense_at_world": {"0.01": 128}}}
+    text = _cost_model_render(res, False)
+    assert "one process alone: stream 0.26" in text and "2 processes at once (the slowest of them): stream 0.51" in text
+    assert "2 of 3 predictions within 20%" in text  # -21% is out, +20% is in

@@ -7,15 +7,17 @@ each density and each world size; the link comes from ``--rate`` and
 this machine when the command runs (:func:`mpisparse.costmodel.measure_rates`).
 Given ``bench step`` results (``--measured``), it also compares each
 measured step with the prediction at the same scheme, density and W
-(with ``--shared-cores``, the compute of that prediction is stretched as on
-the emulated cluster; the tabulated predictions assume a core per rank).
+(with ``--shared-cores``, that prediction's rates are measured with as many
+processes at once as ranks run at once, and its compute is stretched by the
+ranks' turns on the cores, :func:`mpisparse.costmodel.sharing`; the
+tabulated predictions assume a core per rank, rates measured alone).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import costmodel as cm
 from ..models.shapes import layer_shapes
@@ -77,8 +79,15 @@ def load_measured(paths: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], link: cm.Link,
-              rates: cm.Rates, shared_cores: int | None, measured: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+              rates: cm.Rates, shared_cores: int | None, measured: Sequence[dict[str, Any]] = (),
+              rates_at: Callable[[int], cm.Rates] | None = None) -> dict[str, Any]:
+    """Predictions (``rates``: measured alone, a core per rank) and their validation against ``measured``.
+
+    With ``shared_cores``, a measured point at W ranks is predicted with ``rates_at(p)``, the rates of ``p``
+    processes at once (``p``: :func:`mpisparse.costmodel.sharing`'s ``processes``; 1: ``rates``), each
+    ``p`` measured once."""
     n = model_size(model)
+    shared: dict[int, cm.Rates] = {1: rates}
     predictions = []
     for d in densities:
         for w in worlds:
@@ -91,13 +100,21 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
     for r in measured:
         w, d = int(r["world_size"]), float(r["density_target"])
         m_n = int(r.get("n") or n)
-        pred = cm.total(cm.predict(r["scheme"], m_n, d, w, link, rates, shared_cores=shared_cores))
+        procs = cm.sharing(w, shared_cores)[0]
+        if procs not in shared:
+            if rates_at is None:
+                raise ValueError(f"the measured point at W = {w} on {shared_cores} cores needs rates of {procs} "
+                                 "processes at once; none given (rates_at)")
+            shared[procs] = rates_at(procs)
+        pred = cm.total(cm.predict(r["scheme"], m_n, d, w, link, shared[procs], shared_cores=shared_cores))
         meas = float(r["step_seconds"])
         validation.append({"scheme": r["scheme"], "density": d, "world_size": w, "n": m_n,
                            "predicted_seconds": pred, "measured_seconds": meas,
                            "error": (pred - meas) / meas if meas else None})
     return {"model": model, "n": n, "link": {"latency_seconds": link.latency, "bytes_per_second": link.bandwidth},
             "rates_seconds_per_element": cm.rates_dict(rates), "shared_cores": shared_cores,
+            "rates_at_once_seconds_per_element": {str(p): cm.rates_dict(r) for p, r in sorted(shared.items())
+                                                  if p > 1},
             "predictions": predictions, "topk_slower_than_dense_at_world": cross, "validation": validation}
 
 
@@ -108,6 +125,9 @@ def format_model(res: dict[str, Any]) -> str:
              f"latency {res['link']['latency_seconds'] * 1e6:.0f} us"
              + (f"; measured steps compared with compute shared by all ranks on {res['shared_cores']} cores"
                if res["shared_cores"] else "")]
+    lines.append("kernel rates, ns per element: alone " + _rates_text(res["rates_seconds_per_element"]))
+    for p, r in (res.get("rates_at_once_seconds_per_element") or {}).items():
+        lines.append(f"  {p} processes at once (the slowest) " + _rates_text(r))
     by = {}
     for p in res["predictions"]:
         by.setdefault(p["density"], {}).setdefault(p["world_size"], {})[p["scheme"]] = p["step_seconds"]
@@ -123,6 +143,10 @@ def format_model(res: dict[str, Any]) -> str:
                                     f"{v['predicted_seconds'] * 1e3:,.1f}", f"{v['measured_seconds'] * 1e3:,.1f}",
                                     f"{100 * v['error']:+.0f}%"] for v in res["validation"]]))
     return "\n".join(lines)
+
+
+def _rates_text(rates: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v * 1e9:.2f}" for k, v in rates.items())
 
 
 def plot_model(res: dict[str, Any], path: str) -> None:

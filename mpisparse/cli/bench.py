@@ -228,8 +228,8 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
                    "of --rate/--latency-us.")
 @click.option("--shared-cores", type=click.IntRange(min=1), default=None,
               help="The --measured steps ran with every rank on these few cores (the emulated cluster: this "
-                   "machine's cores): their predictions stretch compute by W / cores, and a pass over the "
-                   "vector costs at least the memory bandwidth that many passes at once leave each.")
+                   "machine's cores): their predictions use kernel rates timed in min(W, cores) processes at "
+                   "once and stretch compute by W / cores.")
 @click.option("--measured", multiple=True, type=click.Path(exists=True),
               help="`bench step --json` results to validate against (a file or a directory of them; repeatable): "
                    "predicted vs measured at their scheme, density and W.")
@@ -249,10 +249,11 @@ def bench_model(model, densities, worlds, rate, latency_us, exchange_json, share
     link = usage(bm.link_from_exchange, exchange_json) if exchange_json else \
         cm.Link(latency=latency_us * 1e-6, bandwidth=usage(cm.parse_rate, rate))
     check_plot(plot_path)
+    grads = {"grad": bm.model_gradient(model), "other": bm.model_gradient(model, rank=1)}
     res = bm.run_model(model=model, densities=densities, worlds=worlds, link=link,
-                       rates=cm.measure_rates(concurrent=shared_cores or 1, grad=bm.model_gradient(model),
-                                             other=bm.model_gradient(model, rank=1)),
-                       shared_cores=shared_cores, measured=bm.load_measured(measured))
+                       rates=cm.measure_rates(**grads), shared_cores=shared_cores,
+                       measured=bm.load_measured(measured),
+                       rates_at=lambda p: cm.measure_rates(processes=p, repeats=3, **grads))
     click.echo(bm.format_model(res))
     if json_path:
         from ..results.provenance import local_provenance
