@@ -23,12 +23,33 @@ import os
 
 import numpy as np
 
-__all__ = ["KERNELS", "available", "enabled", "scatter_sum", "select_ge", "warm_up"]
+__all__ = ["KERNELS", "available", "enabled", "scatter_sum", "select_ge", "stratum_positions", "warm_up"]
 
 #: elements per block of the loops: a block's hits are counted (one vectorised loop) before any is collected
 _BLOCK = 32
 #: the same for the read-only loops (fewer, longer blocks: their count is all they do)
 _READ_BLOCK = 64
+
+#: splitmix64's constants: the hash of :func:`stratum_positions` (DGC's sample), the same here and compiled
+_SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_SPLITMIX_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_SPLITMIX_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def stratum_positions(key: int, n: int, m: int) -> np.ndarray:
+    """``m`` ascending positions in ``[0, n)`` (``1 <= m <= n``), one in each stratum
+    ``[floor(j n / m), floor((j + 1) n / m))``: its start plus ``floor(h_j w_j / 2^32)``, ``w_j`` its width and
+    ``h_j`` the top 32 bits of splitmix64's output for the counter ``key + j * gamma`` (mod 2^64).  A pure
+    function of ``key``: no random draw per position (the compiled momentum pass computes the same ones)."""
+    j = np.arange(m, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = np.uint64(key) + j * _SPLITMIX_GAMMA
+        x = (x ^ (x >> np.uint64(30))) * _SPLITMIX_M1
+        x = (x ^ (x >> np.uint64(27))) * _SPLITMIX_M2
+    x ^= x >> np.uint64(31)
+    b = np.arange(m + 1, dtype=np.int64) * n // m
+    return b[:-1] + (((x >> np.uint64(32)) * (b[1:] - b[:-1]).astype(np.uint64)) >> np.uint64(32)).astype(np.int64)
+
 
 try:  # optional: the compiled loop
     import numba
@@ -89,12 +110,28 @@ try:  # optional: the compiled loop
     def _select_pass(x, t, cand):  # pragma: no cover - compiled
         return _read_collect(x, t, cand, 0, 0)
 
+    @numba.njit(nogil=True, inline="always")
+    def _stratum_position(key, j, n, m):  # pragma: no cover - compiled
+        """:func:`stratum_positions`'s ``j``-th position (the same integer arithmetic, one at a time)."""
+        x = key + np.uint64(j) * _SPLITMIX_GAMMA
+        x = (x ^ (x >> np.uint64(30))) * _SPLITMIX_M1
+        x = (x ^ (x >> np.uint64(27))) * _SPLITMIX_M2
+        x = x ^ (x >> np.uint64(31))
+        lo = (j * n) // m
+        hi = ((j + 1) * n) // m
+        return lo + np.int64(((x >> np.uint64(32)) * np.uint64(hi - lo)) >> np.uint64(32))
+
     @numba.njit(cache=True, nogil=True)
-    def _momentum_pass(u, v, g, m, t, cand):  # pragma: no cover - compiled
+    def _momentum_pass(u, v, g, m, t, cand, key, samp):  # pragma: no cover - compiled
         """DGC's momentum correction in one pass: ``u = m u + g``, ``v += u`` (float32 ``m``: the product is
-        rounded before the sum, as NumPy's ``u *= m; u += g``), collecting the indices with ``|v| >= t``."""
+        rounded before the sum, as NumPy's ``u *= m; u += g``), collecting the indices with ``|v| >= t``;
+        also ``samp[j] = |v[p_j]|`` (new ``v``) at ``p_j``, ``stratum_positions(key, n, samp.size)``, read
+        while its block is in cache (no random reads)."""
         n = v.shape[0]
+        ms = samp.shape[0]
         c = 0
+        s = 0  # next sample
+        p = _stratum_position(key, 0, n, ms) if ms > 0 else n
         full = n - n % _BLOCK
         for b in range(0, full, _BLOCK):
             hits = 0
@@ -107,11 +144,19 @@ try:  # optional: the compiled loop
                 hits += abs(w) >= t
             if hits:
                 c = _collect(v, b, b + _BLOCK, t, cand, c, 0)
+            while p < b + _BLOCK:
+                samp[s] = abs(v[p])
+                s += 1
+                p = _stratum_position(key, s, n, ms) if s < ms else n
         for j in range(full, n):
             a = u[j] * m
             a = a + g[j]
             u[j] = a
             v[j] = v[j] + a
+        while s < ms:
+            samp[s] = abs(v[p])
+            s += 1
+            p = _stratum_position(key, s, n, ms) if s < ms else n
         return _collect(v, full, n, t, cand, c, 0)
 
     @numba.njit(cache=True, nogil=True)
@@ -243,7 +288,8 @@ def warm_up(kernels, idt=np.int32) -> tuple[str, ...]:
     calls = {
         "fused": lambda: _fused_pass(x, g, t, cand),
         "select": lambda: _select_pass(x, t, cand),
-        "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand),
+        "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand, np.uint64(1),
+                                           np.empty(4, f32)),
         "segments_fused": lambda: _segments_fused_pass(x, g, starts, ends, thr, cand),
         "segments_select": lambda: _segments_select_pass(x, starts, ends, thr, cand),
         "scatter_sum": lambda: _scatter_sum_pass(x, np.zeros(1, idt), np.zeros(1, idt), np.ones(1, f32),
