@@ -53,10 +53,12 @@ def test_momentum_plain_path_without_the_compiled_loop():
 def test_narrow_is_threshold_select_or_none(t_known, t):
     x = _vecs(100_000, 2)[1]
     got = fused.narrow(x, nk.threshold_select(x, t_known), t_known, t)
+    known = nk.threshold_select(x, t_known)
+    with_values = fused.narrow(x, known, t_known, t, np.abs(x[known]))
     if t_known <= t:
-        assert np.array_equal(got, nk.threshold_select(x, t))
+        assert np.array_equal(got, nk.threshold_select(x, t)) and np.array_equal(with_values, got)
     else:
-        assert got is None
+        assert got is None and with_values is None
     assert fused.narrow(x, None, 1.0, 2.0) is None
 
 
@@ -126,6 +128,9 @@ def test_momentum_pass_reads_the_sample_the_plain_steps_read(m, key):
     got = fused.compensate_momentum(u2, v2, g, 0.9, 2.0, n, key=key, samples=s2, fused=True)
     assert np.array_equal(u1, u2, equal_nan=True) and np.array_equal(v1, v2, equal_nan=True)
     assert np.array_equal(got, nk.threshold_select(v1, 2.0))
+    u3, v3 = u1.copy(), v1.copy()
+    idx, vals = fused.compensate_momentum(u3, v3, g, 0.9, 2.0, n, key=key, with_values=True, fused=True)
+    assert np.array_equal(idx, nk.threshold_select(v3, 2.0)) and np.array_equal(vals, np.abs(v3[idx]))
     from mpisparse.backend.compiled import stratum_positions
 
     want = np.abs(v1[stratum_positions(key, n, m)])

@@ -73,6 +73,26 @@ try:  # optional: the compiled loop
         return c
 
     @numba.njit(nogil=True, inline="always")
+    def _collect_values(x, b, end, t, cand, cval, c):  # pragma: no cover - compiled
+        """:func:`_collect` (``base`` 0) that also stores ``|x[j]|`` beside each index in ``cval``."""
+        cap = cand.shape[0]
+        if c + (end - b) <= cap:
+            for j in range(b, end):
+                a = abs(x[j])
+                cand[c] = j
+                cval[c] = a
+                c += a >= t
+        else:
+            for j in range(b, end):
+                a = abs(x[j])
+                if a >= t:
+                    if c < cap:
+                        cand[c] = j
+                        cval[c] = a
+                    c += 1
+        return c
+
+    @numba.njit(nogil=True, inline="always")
     def _add_collect(e, g, t, cand, c, base):  # pragma: no cover - compiled
         """``e += g`` over all of ``e`` (a slice starting at ``base``), collecting as :func:`_collect`."""
         n = e.shape[0]
@@ -122,9 +142,10 @@ try:  # optional: the compiled loop
         return lo + np.int64(((x >> np.uint64(32)) * np.uint64(hi - lo)) >> np.uint64(32))
 
     @numba.njit(cache=True, nogil=True)
-    def _momentum_pass(u, v, g, m, t, cand, key, samp):  # pragma: no cover - compiled
+    def _momentum_pass(u, v, g, m, t, cand, cval, key, samp):  # pragma: no cover - compiled
         """DGC's momentum correction in one pass: ``u = m u + g``, ``v += u`` (float32 ``m``: the product is
-        rounded before the sum, as NumPy's ``u *= m; u += g``), collecting the indices with ``|v| >= t``;
+        rounded before the sum, as NumPy's ``u *= m; u += g``), collecting the indices with ``|v| >= t``
+        (their ``|v|`` beside them in ``cval``, as long as ``cand``);
         also ``samp[j] = |v[p_j]|`` (new ``v``) at ``p_j``, ``stratum_positions(key, n, samp.size)``, read
         while its block is in cache (no random reads)."""
         n = v.shape[0]
@@ -143,7 +164,7 @@ try:  # optional: the compiled loop
                 v[j] = w
                 hits += abs(w) >= t
             if hits:
-                c = _collect(v, b, b + _BLOCK, t, cand, c, 0)
+                c = _collect_values(v, b, b + _BLOCK, t, cand, cval, c)
             while p < b + _BLOCK:
                 samp[s] = abs(v[p])
                 s += 1
@@ -157,7 +178,7 @@ try:  # optional: the compiled loop
             samp[s] = abs(v[p])
             s += 1
             p = _stratum_position(key, s, n, ms) if s < ms else n
-        return _collect(v, full, n, t, cand, c, 0)
+        return _collect_values(v, full, n, t, cand, cval, c)
 
     @numba.njit(cache=True, nogil=True)
     def _segments_fused_pass(e, g, starts, ends, thr, cand):  # pragma: no cover - compiled
@@ -215,7 +236,7 @@ def enabled() -> bool:
 
 
 class _Buffers:
-    """Candidate index buffers, reused across calls (keyed by index dtype and capacity)."""
+    """Candidate buffers (indices; DGC's pass also their magnitudes), reused across calls (keyed by dtype)."""
 
     def __init__(self) -> None:
         self.cand: dict[tuple, np.ndarray] = {}
@@ -288,8 +309,8 @@ def warm_up(kernels, idt=np.int32) -> tuple[str, ...]:
     calls = {
         "fused": lambda: _fused_pass(x, g, t, cand),
         "select": lambda: _select_pass(x, t, cand),
-        "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand, np.uint64(1),
-                                           np.empty(4, f32)),
+        "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand, np.empty(n, f32),
+                                           np.uint64(1), np.empty(4, f32)),
         "segments_fused": lambda: _segments_fused_pass(x, g, starts, ends, thr, cand),
         "segments_select": lambda: _segments_select_pass(x, starts, ends, thr, cand),
         "scatter_sum": lambda: _scatter_sum_pass(x, np.zeros(1, idt), np.zeros(1, idt), np.ones(1, f32),

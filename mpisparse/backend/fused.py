@@ -154,10 +154,12 @@ def _use(fused) -> bool:
 
 
 def compensate_momentum(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: float, t, cap: int, *,
-                        key: int = 0, samples: np.ndarray | None = None, fused: bool | None = None):
+                        key: int = 0, samples: np.ndarray | None = None, with_values: bool = False,
+                        fused: bool | None = None):
     """DGC's momentum correction in place, ``u = m u + g`` then ``v += u`` (``m`` rounded to the dtype,
     the product rounded before the sum, as NumPy's ``u *= m; u += g; v += u``); returns the ascending
-    indices with ``|v| >= t`` found on the way (a copy), or None.
+    indices with ``|v| >= t`` found on the way (a copy), or None.  ``with_values``: ``(indices, |v| at
+    them)`` instead (for :func:`narrow`, which then reads no ``v``).
 
     ``samples`` (optional, ``v``'s dtype, 1 to ``n`` long): filled with ``|v|`` (the new ``v``) at
     ``stratum_positions(key, n, samples.size)``, on every path; the compiled pass reads them as it goes.
@@ -177,10 +179,15 @@ def compensate_momentum(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: f
         if samples is not None:
             np.abs(v[stratum_positions(key, n, samples.shape[0])], out=samples)
         return None
-    cand = _buffers.get(max(int(cap), 1), index_dtype(n))
+    cap = max(int(cap), 1)
+    cand = _buffers.get(cap, index_dtype(n))
+    cval = _buffers.get(cap, v.dtype)
     samp = samples if samples is not None else np.empty(0, dtype=v.dtype)
-    c = int(_momentum_pass(u, v, g, m, nk._ceil_to_dtype(t, v.dtype), cand, np.uint64(int(key) % (1 << 64)), samp))
-    return cand[:c].copy() if c <= cand.shape[0] else None
+    c = int(_momentum_pass(u, v, g, m, nk._ceil_to_dtype(t, v.dtype), cand, cval, np.uint64(int(key) % (1 << 64)),
+                           samp))
+    if c > cap:
+        return None
+    return (cand[:c].copy(), cval[:c].copy()) if with_values else cand[:c].copy()
 
 
 def _segment_bounds(starts, sizes, n: int):
@@ -252,13 +259,14 @@ def compensate_segments_threshold(e: np.ndarray, g: np.ndarray, starts, sizes, t
                              lambda: segments_threshold(e, starts, sizes, thresholds, scratch=scratch))
 
 
-def narrow(x: np.ndarray, idx, t_known, t):
+def narrow(x: np.ndarray, idx, t_known, t, values=None):
     """``threshold_select(x, t)`` taken from ``idx``, the ascending indices of every ``|x| >= t_known``
     (:func:`compensate_momentum`'s result): the same indices, or None when ``idx`` may miss some
-    (``t`` below ``t_known``, NaN, or ``idx`` None)."""
+    (``t`` below ``t_known``, NaN, or ``idx`` None).  ``values``: ``|x[idx]|`` when known (then ``x`` is
+    not read)."""
     if idx is None:
         return None
     tc = nk._ceil_to_dtype(t, x.dtype)
     if not nk._ceil_to_dtype(t_known, x.dtype) <= tc:
         return None
-    return idx[np.abs(x[idx]) >= tc]
+    return idx[(np.abs(x[idx]) if values is None else values) >= tc]

@@ -227,7 +227,7 @@ def dgc_select(v, k: int, rng, sample_fraction: float, *, scratch=None, superset
     (one position in each of ``m`` equal strata); ``samples``: those magnitudes when already read (the
     fused momentum pass reads them; the caller drew the key from ``rng``).  A device array keeps its
     kernel's own sample (``estimate_threshold``).
-    ``superset``: ``(t_c, idx)``, the ascending indices of every ``|v| >= t_c``
+    ``superset``: ``(t_c, idx)`` or ``(t_c, idx, |v[idx]|)``, the ascending indices of every ``|v| >= t_c``
     (or None), known from the fused momentum pass; when the sampled threshold
     is at least ``t_c`` its candidates are taken from them instead of a pass
     over ``v`` (the same indices); else the compiled threshold pass finds them.
@@ -248,7 +248,7 @@ def dgc_select(v, k: int, rng, sample_fraction: float, *, scratch=None, superset
     if superset is not None:
         from ..backend import fused
 
-        first = fused.narrow(v, superset[1], superset[0], t0)
+        first = fused.narrow(v, superset[1], superset[0], t0, *superset[2:])
         if first is None:  # the guess missed: the compiled threshold pass (threshold_select's indices)
             first = fused.segments_threshold(v, [0], [n], [t0], scratch=scratch)
     sel = refine_selection(v, k, t0, rng=rng, scratch=scratch, first=first)  # Alg. step 6
@@ -399,7 +399,7 @@ class DGC(SparseGatherScheme):
                 superset = samples = None
             else:
                 v = self.memory.v
-                superset, samples = (t_c, fused_pass[0]), fused_pass[1]
+                superset, samples = (t_c, *fused_pass[0]), fused_pass[1]
         with self.phase("select"):
             sel = dgc_select(v, k, rng, self.opts["sample_fraction"], scratch=self._scratch,  # steps 5-6
                              superset=superset, samples=samples, hint=t_c)
@@ -432,7 +432,8 @@ class DGC(SparseGatherScheme):
 
     def _fused_compensate(self, g, k: int, rng, t_c: float):
         """Alg. steps 3-4 as one compiled pass over ``u``, ``v`` and ``g`` that also collects the entries
-        ``|v| >= t_c`` and reads step 5's sample: ``(candidates, samples)`` for :func:`dgc_select`, or None
+        ``|v| >= t_c`` and reads step 5's sample: ``((candidates, |v| at them), samples)`` for
+        :func:`dgc_select`, or None
         when the plain steps must run (nothing changed then, ``rng`` not drawn from).
 
         ``t_c`` is a guess of step 5's threshold (:meth:`_guess`; step 5 samples the new ``v``, known only
@@ -452,8 +453,8 @@ class DGC(SparseGatherScheme):
         if self._samples is None or self._samples.shape[0] != m or self._samples.dtype != v.dtype:
             self._samples = np.empty(m, dtype=v.dtype)
         cand = fused.compensate_momentum(u, v, g, mem.momentum, t_c, HINT_CAP * k + 1024,
-                                         key=sample_key(rng), samples=self._samples)
-        return cand, self._samples
+                                         key=sample_key(rng), samples=self._samples, with_values=True)
+        return (None, None) if cand is None else cand, self._samples
 
     # ------------------------------------------------------------ reports
     def diagnostics(self) -> dict[str, float]:
