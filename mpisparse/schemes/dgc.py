@@ -95,8 +95,7 @@ LOWERING_FACTOR = 0.5
 #: Lowerings before falling back to the exact top k of the whole vector.
 MAX_LOWERINGS = 4
 #: The fused momentum pass collects ``|v| >= HINT_FACTOR * t`` with ``t`` this step's sampled threshold
-#: extrapolated from the last two (the square root of their ratio, within [1, 2]: the threshold grows while
-#: ``v`` builds up, and its growth slows; the full ratio overshot the second step's):
+#: extrapolated from the last two (their ratio, within [1, 2]: the threshold grows while ``v`` builds up):
 #: a superset of this step's first candidates unless the guess was too high.
 HINT_FACTOR = 0.9
 #: ... into a buffer of ``HINT_CAP * k + 1024`` indices (more: the threshold pass runs instead).
@@ -427,7 +426,7 @@ class DGC(SparseGatherScheme):
         h = [t for t in self._hints if t > 0 and math.isfinite(t)]
         if len(h) < len(self._hints) or not h:
             return math.inf
-        growth = math.sqrt(min(2.0, max(1.0, h[-1] / h[0])))
+        growth = min(2.0, max(1.0, h[-1] / h[0]))
         return HINT_FACTOR * h[-1] * growth
 
     def _fused_compensate(self, g, k: int, rng, t_c: float):
