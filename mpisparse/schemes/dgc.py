@@ -432,8 +432,8 @@ class DGC(SparseGatherScheme):
     def _fused_compensate(self, g, k: int, rng, t_c: float):
         """Alg. steps 3-4 as one compiled pass over ``u``, ``v`` and ``g`` that also collects the entries
         ``|v| >= t_c`` and reads step 5's sample: ``((candidates, |v| at them), samples)`` for
-        :func:`dgc_select`, or None
-        when the plain steps must run (nothing changed then, ``rng`` not drawn from).
+        :func:`dgc_select`, or None when the plain steps must run (nothing changed then, ``rng`` not
+        drawn from).
 
         ``t_c`` is a guess of step 5's threshold (:meth:`_guess`; step 5 samples the new ``v``, known only
         after the pass).  When step 5's threshold is at least ``t_c`` the candidates
