@@ -53,10 +53,12 @@ def test_momentum_plain_path_without_the_compiled_loop():
 def test_narrow_is_threshold_select_or_none(t_known, t):
     x = _vecs(100_000, 2)[1]
     got = fused.narrow(x, nk.threshold_select(x, t_known), t_known, t)
+    known = nk.threshold_select(x, t_known)
+    with_values = fused.narrow(x, known, t_known, t, np.abs(x[known]))
     if t_known <= t:
-        assert np.array_equal(got, nk.threshold_select(x, t))
+        assert np.array_equal(got, nk.threshold_select(x, t)) and np.array_equal(with_values, got)
     else:
-        assert got is None
+        assert got is None and with_values is None
     assert fused.narrow(x, None, 1.0, 2.0) is None
 
 
@@ -96,4 +98,75 @@ def test_refine_selection_from_known_candidates_is_the_plain_refinement(t, path)
     b = refine_selection(v, 600, t, rng=np.random.default_rng(1), first=nk.threshold_select(v, t))
     assert a.path == path and (a.lowerings > 0) == (t > 3)
     assert (a.path, a.threshold, a.candidates, a.lowerings) == (b.path, b.threshold, b.candidates, b.lowerings)
+    assert np.array_equal(a.indices, b.indices)
+
+
+@pytest.mark.parametrize("n,m", [(1000, 1), (1000, 7), (1000, 999), (1000, 1000), (25_557_032, 255_570)])
+def test_stratum_positions_one_per_stratum(n, m):
+    from mpisparse.backend.compiled import stratum_positions
+
+    pos = stratum_positions(12345, n, m)
+    bounds = np.arange(m + 1, dtype=np.int64) * n // m
+    assert pos.shape == (m,) and np.all(pos >= bounds[:-1]) and np.all(pos < bounds[1:])
+    assert np.array_equal(pos, stratum_positions(12345, n, m))  # a pure function of the key
+    if m < n:
+        assert not np.array_equal(pos, stratum_positions(12346, n, m))
+        off = (pos - bounds[:-1] + 0.5) / (bounds[1:] - bounds[:-1])
+        assert m < 100 or 0.4 < off.mean() < 0.6  # spread over the strata, not at their starts
+
+
+@needs_numba
+@pytest.mark.parametrize("m", [1, 13, 6250, 200_003])
+@pytest.mark.parametrize("key", [0, 2**64 - 1, 987654321])
+def test_momentum_pass_reads_the_sample_the_plain_steps_read(m, key):
+    n = 200_003
+    u1, v1, g = _vecs(n, 6)
+    u1[11] = np.nan
+    u2, v2 = u1.copy(), v1.copy()
+    s1, s2 = np.full(m, -1, np.float32), np.full(m, -1, np.float32)
+    assert fused.compensate_momentum(u1, v1, g, 0.9, 2.0, n, key=key, samples=s1, fused=False) is None
+    got = fused.compensate_momentum(u2, v2, g, 0.9, 2.0, n, key=key, samples=s2, fused=True)
+    assert np.array_equal(u1, u2, equal_nan=True) and np.array_equal(v1, v2, equal_nan=True)
+    assert np.array_equal(got, nk.threshold_select(v1, 2.0))
+    u3, v3 = u1.copy(), v1.copy()
+    idx, vals = fused.compensate_momentum(u3, v3, g, 0.9, 2.0, n, key=key, with_values=True, fused=True)
+    assert np.array_equal(idx, nk.threshold_select(v3, 2.0)) and np.array_equal(vals, np.abs(v3[idx]))
+    from mpisparse.backend.compiled import stratum_positions
+
+    want = np.abs(v1[stratum_positions(key, n, m)])
+    assert np.array_equal(s1, want, equal_nan=True) and np.array_equal(s2, want, equal_nan=True)
+    with pytest.raises(ValueError, match="samples"):
+        fused.compensate_momentum(u2, v2, g, 0.9, 2.0, n, samples=np.empty(m, np.float64))
+
+
+@pytest.mark.parametrize("hint", [0.0, 0.5, 2.0, 3.0, 50.0, float("inf"), float("nan")])
+@pytest.mark.parametrize("k", [1, 100, 2000])
+def test_sampled_threshold_hint_never_changes_it(hint, k):
+    from mpisparse.schemes.dgc import sampled_threshold
+
+    s = np.abs(_vecs(20_000, 7)[1])
+    want = sampled_threshold(s, k, 200_000)
+    ks = max(1, round(k * 20_000 / 200_000))
+    assert want == np.sort(s)[-ks]
+    assert sampled_threshold(s, k, 200_000, hint) == want
+    s[[3, 9]] = np.nan  # NaN sorts above everything, with or without the hint
+    want = np.partition(s, s.size - ks)[s.size - ks]
+    assert (ks <= 2) == np.isnan(want)
+    assert np.array_equal(sampled_threshold(s, k, 200_000, hint), want, equal_nan=True)
+
+
+def test_dgc_select_on_the_host_samples_one_entry_per_stratum():
+    from mpisparse.backend.compiled import stratum_positions
+    from mpisparse.schemes import dgc
+
+    v = _vecs(100_000, 8)[1]
+    rng = dgc.sampler(1, 0, 4)
+    key = dgc.sample_key(dgc.sampler(1, 0, 4))
+    samples = np.abs(v[stratum_positions(key, v.size, dgc.sample_size(v.size, 0.01))])
+    a = dgc.dgc_select(v, 300, rng, 0.01)
+    assert a.sampled == dgc.sampled_threshold(samples, 300, v.size)
+    rng2 = dgc.sampler(1, 0, 4)
+    dgc.sample_key(rng2)  # the caller draws the key, as the scheme's fused pass does
+    b = dgc.dgc_select(v, 300, rng2, 0.01, samples=samples, hint=a.sampled * 0.9)
+    assert (a.path, a.sampled, a.candidates) == (b.path, b.sampled, b.candidates)
     assert np.array_equal(a.indices, b.indices)

@@ -23,12 +23,33 @@ import os
 
 import numpy as np
 
-__all__ = ["KERNELS", "available", "enabled", "scatter_sum", "select_ge", "warm_up"]
+__all__ = ["KERNELS", "available", "enabled", "scatter_sum", "select_ge", "stratum_positions", "warm_up"]
 
 #: elements per block of the loops: a block's hits are counted (one vectorised loop) before any is collected
 _BLOCK = 32
 #: the same for the read-only loops (fewer, longer blocks: their count is all they do)
 _READ_BLOCK = 64
+
+#: splitmix64's constants: the hash of :func:`stratum_positions` (DGC's sample), the same here and compiled
+_SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_SPLITMIX_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_SPLITMIX_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def stratum_positions(key: int, n: int, m: int) -> np.ndarray:
+    """``m`` ascending positions in ``[0, n)`` (``1 <= m <= n``), one in each stratum
+    ``[floor(j n / m), floor((j + 1) n / m))``: its start plus ``floor(h_j w_j / 2^32)``, ``w_j`` its width and
+    ``h_j`` the top 32 bits of splitmix64's output for the counter ``key + j * gamma`` (mod 2^64).  A pure
+    function of ``key``: no random draw per position (the compiled momentum pass computes the same ones)."""
+    j = np.arange(m, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        x = np.uint64(key) + j * _SPLITMIX_GAMMA
+        x = (x ^ (x >> np.uint64(30))) * _SPLITMIX_M1
+        x = (x ^ (x >> np.uint64(27))) * _SPLITMIX_M2
+    x ^= x >> np.uint64(31)
+    b = np.arange(m + 1, dtype=np.int64) * n // m
+    return b[:-1] + (((x >> np.uint64(32)) * (b[1:] - b[:-1]).astype(np.uint64)) >> np.uint64(32)).astype(np.int64)
+
 
 try:  # optional: the compiled loop
     import numba
@@ -48,6 +69,26 @@ try:  # optional: the compiled loop
                 if abs(x[j]) >= t:
                     if c < cap:
                         cand[c] = base + j
+                    c += 1
+        return c
+
+    @numba.njit(nogil=True, inline="always")
+    def _collect_values(x, b, end, t, cand, cval, c):  # pragma: no cover - compiled
+        """:func:`_collect` (``base`` 0) that also stores ``|x[j]|`` beside each index in ``cval``."""
+        cap = cand.shape[0]
+        if c + (end - b) <= cap:
+            for j in range(b, end):
+                a = abs(x[j])
+                cand[c] = j
+                cval[c] = a
+                c += a >= t
+        else:
+            for j in range(b, end):
+                a = abs(x[j])
+                if a >= t:
+                    if c < cap:
+                        cand[c] = j
+                        cval[c] = a
                     c += 1
         return c
 
@@ -89,12 +130,29 @@ try:  # optional: the compiled loop
     def _select_pass(x, t, cand):  # pragma: no cover - compiled
         return _read_collect(x, t, cand, 0, 0)
 
+    @numba.njit(nogil=True, inline="always")
+    def _stratum_position(key, j, n, m):  # pragma: no cover - compiled
+        """:func:`stratum_positions`'s ``j``-th position (the same integer arithmetic, one at a time)."""
+        x = key + np.uint64(j) * _SPLITMIX_GAMMA
+        x = (x ^ (x >> np.uint64(30))) * _SPLITMIX_M1
+        x = (x ^ (x >> np.uint64(27))) * _SPLITMIX_M2
+        x = x ^ (x >> np.uint64(31))
+        lo = (j * n) // m
+        hi = ((j + 1) * n) // m
+        return lo + np.int64(((x >> np.uint64(32)) * np.uint64(hi - lo)) >> np.uint64(32))
+
     @numba.njit(cache=True, nogil=True)
-    def _momentum_pass(u, v, g, m, t, cand):  # pragma: no cover - compiled
+    def _momentum_pass(u, v, g, m, t, cand, cval, key, samp):  # pragma: no cover - compiled
         """DGC's momentum correction in one pass: ``u = m u + g``, ``v += u`` (float32 ``m``: the product is
-        rounded before the sum, as NumPy's ``u *= m; u += g``), collecting the indices with ``|v| >= t``."""
+        rounded before the sum, as NumPy's ``u *= m; u += g``), collecting the indices with ``|v| >= t``
+        (their ``|v|`` beside them in ``cval``, as long as ``cand``);
+        also ``samp[j] = |v[p_j]|`` (new ``v``) at ``p_j``, ``stratum_positions(key, n, samp.size)``, read
+        while its block is in cache (no random reads)."""
         n = v.shape[0]
+        ms = samp.shape[0]
         c = 0
+        s = 0  # next sample
+        p = _stratum_position(key, 0, n, ms) if ms > 0 else n
         full = n - n % _BLOCK
         for b in range(0, full, _BLOCK):
             hits = 0
@@ -106,13 +164,21 @@ try:  # optional: the compiled loop
                 v[j] = w
                 hits += abs(w) >= t
             if hits:
-                c = _collect(v, b, b + _BLOCK, t, cand, c, 0)
+                c = _collect_values(v, b, b + _BLOCK, t, cand, cval, c)
+            while p < b + _BLOCK:
+                samp[s] = abs(v[p])
+                s += 1
+                p = _stratum_position(key, s, n, ms) if s < ms else n
         for j in range(full, n):
             a = u[j] * m
             a = a + g[j]
             u[j] = a
             v[j] = v[j] + a
-        return _collect(v, full, n, t, cand, c, 0)
+        while s < ms:
+            samp[s] = abs(v[p])
+            s += 1
+            p = _stratum_position(key, s, n, ms) if s < ms else n
+        return _collect_values(v, full, n, t, cand, cval, c)
 
     @numba.njit(cache=True, nogil=True)
     def _segments_fused_pass(e, g, starts, ends, thr, cand):  # pragma: no cover - compiled
@@ -170,7 +236,7 @@ def enabled() -> bool:
 
 
 class _Buffers:
-    """Candidate index buffers, reused across calls (keyed by index dtype and capacity)."""
+    """Candidate buffers (indices; DGC's pass also their magnitudes), reused across calls (keyed by dtype)."""
 
     def __init__(self) -> None:
         self.cand: dict[tuple, np.ndarray] = {}
@@ -243,7 +309,8 @@ def warm_up(kernels, idt=np.int32) -> tuple[str, ...]:
     calls = {
         "fused": lambda: _fused_pass(x, g, t, cand),
         "select": lambda: _select_pass(x, t, cand),
-        "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand),
+        "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand, np.empty(n, f32),
+                                           np.uint64(1), np.empty(4, f32)),
         "segments_fused": lambda: _segments_fused_pass(x, g, starts, ends, thr, cand),
         "segments_select": lambda: _segments_select_pass(x, starts, ends, thr, cand),
         "scatter_sum": lambda: _scatter_sum_pass(x, np.zeros(1, idt), np.zeros(1, idt), np.ones(1, f32),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import numpy_kernels as nk
-from .compiled import _HAVE_NUMBA, _buffers, available, enabled, select_ge
+from .compiled import _HAVE_NUMBA, _buffers, available, enabled, select_ge, stratum_positions
 from .numpy_kernels import index_dtype
 
 if _HAVE_NUMBA:
@@ -154,11 +154,15 @@ def _use(fused) -> bool:
 
 
 def compensate_momentum(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: float, t, cap: int, *,
+                        key: int = 0, samples: np.ndarray | None = None, with_values: bool = False,
                         fused: bool | None = None):
     """DGC's momentum correction in place, ``u = m u + g`` then ``v += u`` (``m`` rounded to the dtype,
     the product rounded before the sum, as NumPy's ``u *= m; u += g; v += u``); returns the ascending
-    indices with ``|v| >= t`` found on the way (a copy), or None.
+    indices with ``|v| >= t`` found on the way (a copy), or None.  ``with_values``: ``(indices, |v| at
+    them)`` instead (for :func:`narrow`, which then reads no ``v``).
 
+    ``samples`` (optional, ``v``'s dtype, 1 to ``n`` long): filled with ``|v|`` (the new ``v``) at
+    ``stratum_positions(key, n, samples.size)``, on every path; the compiled pass reads them as it goes.
     None when the plain NumPy steps ran (no numba, ``fused`` False, a small vector) or when more than
     ``cap`` entries reached ``t``: ``u`` and ``v`` are updated either way, bit for bit the same.
     """
@@ -166,14 +170,24 @@ def compensate_momentum(u: np.ndarray, v: np.ndarray, g: np.ndarray, momentum: f
     _check(u, g)
     n = v.shape[0]
     m = v.dtype.type(momentum)
+    if samples is not None and (samples.dtype != v.dtype or samples.ndim != 1 or not 1 <= samples.shape[0] <= n):
+        raise ValueError(f"samples has {samples.shape} elements of {samples.dtype}; need 1 to {n} of {v.dtype}")
     if not _use(fused) or n <= nk.SMALL_N:
         u *= m
         u += g
         v += u
+        if samples is not None:
+            np.abs(v[stratum_positions(key, n, samples.shape[0])], out=samples)
         return None
-    cand = _buffers.get(max(int(cap), 1), index_dtype(n))
-    c = int(_momentum_pass(u, v, g, m, nk._ceil_to_dtype(t, v.dtype), cand))
-    return cand[:c].copy() if c <= cand.shape[0] else None
+    cap = max(int(cap), 1)
+    cand = _buffers.get(cap, index_dtype(n))
+    cval = _buffers.get(cap, v.dtype)
+    samp = samples if samples is not None else np.empty(0, dtype=v.dtype)
+    c = int(_momentum_pass(u, v, g, m, nk._ceil_to_dtype(t, v.dtype), cand, cval, np.uint64(int(key) % (1 << 64)),
+                           samp))
+    if c > cap:
+        return None
+    return (cand[:c].copy(), cval[:c].copy()) if with_values else cand[:c].copy()
 
 
 def _segment_bounds(starts, sizes, n: int):
@@ -245,13 +259,14 @@ def compensate_segments_threshold(e: np.ndarray, g: np.ndarray, starts, sizes, t
                              lambda: segments_threshold(e, starts, sizes, thresholds, scratch=scratch))
 
 
-def narrow(x: np.ndarray, idx, t_known, t):
+def narrow(x: np.ndarray, idx, t_known, t, values=None):
     """``threshold_select(x, t)`` taken from ``idx``, the ascending indices of every ``|x| >= t_known``
     (:func:`compensate_momentum`'s result): the same indices, or None when ``idx`` may miss some
-    (``t`` below ``t_known``, NaN, or ``idx`` None)."""
+    (``t`` below ``t_known``, NaN, or ``idx`` None).  ``values``: ``|x[idx]|`` when known (then ``x`` is
+    not read)."""
     if idx is None:
         return None
     tc = nk._ceil_to_dtype(t, x.dtype)
     if not nk._ceil_to_dtype(t_known, x.dtype) <= tc:
         return None
-    return idx[np.abs(x[idx]) >= tc]
+    return idx[(np.abs(x[idx]) if values is None else values) >= tc]

@@ -45,11 +45,18 @@ Decisions where the paper leaves room (all documented in the report):
   ``k`` of ``v`` is taken; otherwise the ``c`` candidates are sent.  A rank
   therefore sends between ``0.8 k`` and ``1.3 k`` entries, and always the
   ones of largest ``|v|``.  ``k >= n`` sends everything.
-* The sample (step 5) is ``round(f n)`` entries drawn with replacement from
-  a generator seeded with ``(seed, rank, iteration)``; the threshold is the
-  ``round(k f)``-th largest sampled magnitude (at least the largest).  The
-  selection is deterministic given (seed, rank, iteration, v), so no RNG
-  state is stored: a restored iteration counter restores the sampler.
+* The sample (step 5) is ``m = round(f n)`` entries, one in each of ``m``
+  equal strata of ``v`` (:func:`~mpisparse.backend.compiled.stratum_positions`:
+  a hash of one 64-bit key, drawn from a generator seeded with
+  ``(seed, rank, iteration)``, gives each stratum's offset; the paper only
+  says it samples 0.1 % to 1 % of the gradients); the threshold is the
+  ``round(k m / n)``-th largest sampled magnitude (at least the largest).
+  Ascending positions let the fused momentum pass read the sample while its
+  block of ``v`` is in cache instead of ``m`` random reads after it, and no
+  random number is drawn per entry.  The selection is deterministic given
+  (seed, rank, iteration, v), so no RNG state is stored: a restored
+  iteration counter restores the sampler.  (A device array keeps its
+  kernel's own sample, ``estimate_threshold``.)
 * Clipping (step 2) uses this rank's whole-vector L2 norm and the limit
   ``C / sqrt(W)`` (the paper scales the clipping threshold by ``N^-1/2``);
   ``C = 0`` turns it off.
@@ -75,6 +82,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
+from ..backend import numpy_kernels as nk
 from ..memory import Memory, accumulate, restored, saved
 from .base import SchemeOption, SparseGatherScheme, k_for, register, scatter_sum
 
@@ -184,25 +192,62 @@ def refine_selection(v, k: int, threshold: float, *, rng=None, scratch=None, fir
         lowerings += 1
 
 
-def dgc_select(v, k: int, rng, sample_fraction: float, *, scratch=None, superset=None) -> Selection:
+def sample_size(n: int, sample_fraction: float) -> int:
+    """Entries of ``v`` in step 5's sample: ``round(f n)``, within ``[1, n]``."""
+    return min(n, max(1, int(round(sample_fraction * n))))
+
+
+def sample_key(rng) -> int:
+    """The key of step 5's sample positions (:func:`~mpisparse.backend.compiled.stratum_positions`): one
+    64-bit draw of the step's generator, the only one the sample makes."""
+    return int(rng.integers(0, 1 << 64, dtype=np.uint64))
+
+
+def sampled_threshold(samples, k: int, n: int, hint: float = math.inf) -> float:
+    """Step 5's threshold: the ``round(k m / n)``-th largest of the ``m`` sampled magnitudes (at least the
+    1st).  ``hint``: speed only: when at least that many samples are not below it, the selection runs
+    among those alone (the same value: every larger sample is among them, NaN included)."""
+    m = samples.shape[0]
+    ks = min(m, max(1, int(round(k * m / n))))
+    if hint > 0 and math.isfinite(hint):
+        top = samples[~(samples < hint)]
+        if top.shape[0] >= ks:
+            return float(nk.kth_largest(top, ks))
+    return float(nk.kth_largest(samples, ks))
+
+
+def dgc_select(v, k: int, rng, sample_fraction: float, *, scratch=None, superset=None, samples=None,
+               hint: float = math.inf) -> Selection:
     """DGC's selection on ``|v|``: sampled threshold (step 5), then adjusted (step 6).
 
     Deterministic given ``rng``'s state: the scheme seeds it with
     ``(seed, rank, iteration)``, so a reference can reproduce the selection.
-    ``superset``: ``(t_c, idx)``, the ascending indices of every ``|v| >= t_c``
+    On the host the sample is ``|v|`` at ``stratum_positions(sample_key(rng), n, sample_size(n, f))``
+    (one position in each of ``m`` equal strata); ``samples``: those magnitudes when already read (the
+    fused momentum pass reads them; the caller drew the key from ``rng``).  A device array keeps its
+    kernel's own sample (``estimate_threshold``).
+    ``superset``: ``(t_c, idx)`` or ``(t_c, idx, |v[idx]|)``, the ascending indices of every ``|v| >= t_c``
     (or None), known from the fused momentum pass; when the sampled threshold
     is at least ``t_c`` its candidates are taken from them instead of a pass
     over ``v`` (the same indices); else the compiled threshold pass finds them.
+    ``hint``: see :func:`sampled_threshold` (speed only).
     """
     n = v.shape[0]
     if k >= n:
         return refine_selection(v, k, 0.0)
-    t0 = backend.estimate_threshold(v, k, sample=sample_fraction, rng=rng)  # Alg. step 5
+    if isinstance(v, np.ndarray):  # Alg. step 5
+        if samples is None:
+            from ..backend.compiled import stratum_positions
+
+            samples = np.abs(v[stratum_positions(sample_key(rng), n, sample_size(n, sample_fraction))])
+        t0 = sampled_threshold(samples, k, n, hint)
+    else:
+        t0 = backend.estimate_threshold(v, k, sample=sample_fraction, rng=rng)
     first = None
     if superset is not None:
         from ..backend import fused
 
-        first = fused.narrow(v, superset[1], superset[0], t0)
+        first = fused.narrow(v, superset[1], superset[0], t0, *superset[2:])
         if first is None:  # the guess missed: the compiled threshold pass (threshold_select's indices)
             first = fused.segments_threshold(v, [0], [n], [t0], scratch=scratch)
     sel = refine_selection(v, k, t0, rng=rng, scratch=scratch, first=first)  # Alg. step 6
@@ -324,6 +369,7 @@ class DGC(SparseGatherScheme):
         self._last_k = self.k
         self._last_density = self.density
         self._hints: list[float] = []  # the last two sampled thresholds: speed only, never the result
+        self._samples = None  # step 5's sample, read by the fused momentum pass
 
     # ------------------------------------------------------------ pieces
     def density_at(self, iteration: int) -> float:
@@ -344,15 +390,18 @@ class DGC(SparseGatherScheme):
                 if scale != 1.0:
                     g = self._scratch
                     xp.multiply(grad, grad.dtype.type(scale), out=g)
-            superset = self._fused_compensate(g, k)  # Alg. steps 3-4 in one pass, where it can be
-            if superset is None:
+            rng = sampler(self.seed, self.comm.rank, self.iteration)
+            t_c = self._guess()
+            fused_pass = self._fused_compensate(g, k, rng, t_c)  # Alg. steps 3-4 (and 5's sample) in one pass
+            if fused_pass is None:
                 v = self.memory.compensate(g)  # Alg. steps 3-4 (reads g before select reuses scratch)
+                superset = samples = None
             else:
                 v = self.memory.v
+                superset, samples = (t_c, *fused_pass[0]), fused_pass[1]
         with self.phase("select"):
-            rng = sampler(self.seed, self.comm.rank, self.iteration)
             sel = dgc_select(v, k, rng, self.opts["sample_fraction"], scratch=self._scratch,  # steps 5-6
-                             superset=superset)
+                             superset=superset, samples=samples, hint=t_c)
             if sel.path != "all":
                 self._hints = [*self._hints[-1:], sel.sampled]
             idx = sel.indices
@@ -380,15 +429,17 @@ class DGC(SparseGatherScheme):
         growth = min(2.0, max(1.0, h[-1] / h[0]))
         return HINT_FACTOR * h[-1] * growth
 
-    def _fused_compensate(self, g, k: int):
+    def _fused_compensate(self, g, k: int, rng, t_c: float):
         """Alg. steps 3-4 as one compiled pass over ``u``, ``v`` and ``g`` that also collects the entries
-        ``|v| >= t_c``: ``(t_c, candidates)`` for :func:`dgc_select`, or None when the plain steps must run
-        (nothing changed then).
+        ``|v| >= t_c`` and reads step 5's sample: ``((candidates, |v| at them), samples)`` for
+        :func:`dgc_select`, or None when the plain steps must run (nothing changed then, ``rng`` not
+        drawn from).
 
         ``t_c`` is a guess of step 5's threshold (:meth:`_guess`; step 5 samples the new ``v``, known only
         after the pass).  When step 5's threshold is at least ``t_c`` the candidates
         hold every entry it admits and the threshold pass is skipped; else (or when more than the buffer
         holds reach ``t_c``: ``candidates`` None) that pass runs.  The result never depends on the guess.
+        The sample's key is drawn from ``rng`` here, as :func:`dgc_select` would draw it.
         """
         from ..backend import fused
 
@@ -397,8 +448,12 @@ class DGC(SparseGatherScheme):
         if (not mem.accumulate or u is None or v is None or not fused.enabled() or not isinstance(g, np.ndarray)
                 or not (u.dtype == v.dtype == g.dtype) or g.dtype.kind != "f" or not 0 < k < self.n):
             return None
-        t_c = self._guess()
-        return t_c, fused.compensate_momentum(u, v, g, mem.momentum, t_c, HINT_CAP * k + 1024)
+        m = sample_size(self.n, self.opts["sample_fraction"])
+        if self._samples is None or self._samples.shape[0] != m or self._samples.dtype != v.dtype:
+            self._samples = np.empty(m, dtype=v.dtype)
+        cand = fused.compensate_momentum(u, v, g, mem.momentum, t_c, HINT_CAP * k + 1024,
+                                         key=sample_key(rng), samples=self._samples, with_values=True)
+        return (None, None) if cand is None else cand, self._samples
 
     # ------------------------------------------------------------ reports
     def diagnostics(self) -> dict[str, float]:
