@@ -10,14 +10,20 @@ present (and mpisparse importable).  In one run it executes
 4. ``bench select --backend cupy --mode deft`` on ResNet-50 layers (DEFT's
    per-rank selection and layer norms vs per-layer ``torch.topk`` and
    ``torch.segment_reduce``);
-5. ``bench step -n 2 --device cuda`` on ResNet-50 shapes (dense, topk, cltk, deft);
+5. ``bench step -n 2 --device cuda`` on ResNet-50 shapes (every
+   data-parallel scheme);
 6. a short ``train -n 2 --device cuda`` of dense, topk, cltk and deft, and
    the CPU run of deft with the same seed (accuracy within 0.5 points);
+7. ``bench step -n 4 --device cuda --hierarchical`` (2 emulated hosts of 2
+   ranks: the two-level collectives on device buffers);
 
 and writes ``OUT_DIR/gpu-check.json`` and ``OUT_DIR/gpu-check.md``: the
 device, driver, CUDA, MPI, commit and date, each command with its exit code
-and time, and each target met or not.  Each command's own JSON stays in
-``OUT_DIR``.  About 5 to 10 minutes on one H100.
+and time, and each target met or not.  Each command's own JSON and its whole
+output (``NAME.log``) stay in ``OUT_DIR``.  ``--only`` runs some checks
+(a re-run after a fix), ``--deadline`` skips the checks that would start
+after that many seconds (a device lease is short: the report is written
+anyway).  About 5 to 10 minutes on one H100.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +45,9 @@ __all__ = ["Check", "main", "plan", "summarise", "to_markdown"]
 #: accuracy (percentage points) a GPU run of deft may differ from the CPU run of the same seed
 ACCURACY_POINTS = 0.5
 TRAIN_SCHEMES = ("dense", "topk", "cltk", "deft")
+#: every data-parallel scheme: each runs a device-resident ``bench step``
+STEP_SCHEMES = ("dense", "topk", "randomk", "threshold", "cltk", "deft", "dct", "gtopk", "dgc")
+HIER_SCHEMES = ("dense", "cltk", "topk")
 
 
 @dataclass
@@ -52,6 +62,7 @@ class Check:
     returncode: int | None = None
     seconds: float = 0.0
     tail: str = ""
+    skipped: str = ""
 
 
 def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Check]:
@@ -63,21 +74,24 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Ch
               timeout=240),
         Check("info", [*ms, "info", "-n", "2", "--json", j("info")], json=j("info"), timeout=60),
         Check("select", [*ms, "bench", "select", "--backend", "cupy", "--size", "25000000", "--density", "0.001",
-                         "--repeats", "20", "--json", j("select")], json=j("select")),
+                         "--repeats", "20", "--json", j("select")], json=j("select"), timeout=150),
         Check("select-deft", [*ms, "bench", "select", "--backend", "cupy", "--mode", "deft", "--model", "resnet50",
                               "--worlds", "1,2,4,8", "--density", "0.01", "--json", j("select-deft")],
-              json=j("select-deft")),
+              json=j("select-deft"), timeout=150),
         Check("step", [*ms, "bench", "step", "-n", "2", "--device", "cuda", "--model", "resnet50",
-                       *[a for s in TRAIN_SCHEMES for a in ("--scheme", s)], "--density", "0.01", "--iters", "10",
-                       "--json", j("step")], json=j("step")),
+                       *[a for s in STEP_SCHEMES for a in ("--scheme", s)], "--density", "0.01", "--iters", "10",
+                       "--json", j("step")], json=j("step"), timeout=240),
     ]
-    for s in TRAIN_SCHEMES:
-        checks.append(Check(f"train-cuda-{s}", [*ms, "train", "-n", "2", "--device", "cuda", "--scheme", s,
-                                                "--density", "0.01", "--epochs", str(epochs), "--seed", "0",
-                                                "--json", j(f"train-cuda-{s}")], json=j(f"train-cuda-{s}")))
-    checks.append(Check("train-cpu-deft", [*ms, "train", "-n", "2", "--device", "cpu", "--scheme", "deft",
-                                           "--density", "0.01", "--epochs", str(epochs), "--seed", "0",
-                                           "--json", j("train-cpu-deft")], json=j("train-cpu-deft")))
+    runs = [("cuda", s) for s in TRAIN_SCHEMES] + [("cpu", "deft")]
+    for device, s in runs:
+        name = f"train-{device}-{s}"
+        checks.append(Check(name, [*ms, "train", "-n", "2", "--device", device, "--scheme", s, "--density", "0.01",
+                                   "--epochs", str(epochs), "--seed", "0", "--json", j(name)],
+                            json=j(name), timeout=150))
+    checks.append(Check("step-hier", [*ms, "bench", "step", "-n", "4", "--device", "cuda", "--hierarchical",
+                                      "--model", "resnet50", *[a for s in HIER_SCHEMES for a in ("--scheme", s)],
+                                      "--density", "0.01", "--iters", "5", "--json", j("step-hier")],
+                        json=j("step-hier"), env={"MPISPARSE_RANKS_PER_HOST": "2"}, timeout=150))
     return checks
 
 
@@ -123,18 +137,21 @@ def summarise(checks: Sequence[Check], results: dict[str, Any]) -> list[dict[str
         if r.get("target_select_ms") is not None:
             landed = 1e3 * float(r["deft_max_seconds"])
             rows.append({"target": f"deft: selection W={w} <= {r['target_select_ms']:g} ms",
-                         "measured": f"{landed:.3f} ms (per-layer torch.topk {r.get('peer_topk_ms') or float('nan'):.3f})",
+                         "measured": f"{landed:.3f} ms (per-layer torch.topk "
+                                     f"{r.get('peer_topk_ms') or float('nan'):.3f})",
                          "met": landed <= r["target_select_ms"]})
         if r.get("target_norms_ms") is not None and w == 1:
             rows.append({"target": f"deft: layer norms <= {r['target_norms_ms']:g} ms",
-                         "measured": f"{r['norms_ms']:.3f} ms (torch.segment_reduce {r.get('peer_norms_ms') or float('nan'):.3f})",
+                         "measured": f"{r['norms_ms']:.3f} ms (torch.segment_reduce "
+                                     f"{r.get('peer_norms_ms') or float('nan'):.3f})",
                          "met": r["norms_ms"] <= r["target_norms_ms"]})
-    step = results.get("step")
-    if step is not None:
-        step = step if isinstance(step, list) else [step]
-        rows.append({"target": "bench step --device cuda: every scheme ran",
-                     "measured": ", ".join(f"{r['scheme']} {1e3 * r['step_seconds']:.2f} ms" for r in step),
-                     "met": {r["scheme"] for r in step} == set(TRAIN_SCHEMES)})
+    for name, schemes in (("step", STEP_SCHEMES), ("step-hier", HIER_SCHEMES)):
+        step = results.get(name)
+        if step is not None:
+            step = step if isinstance(step, list) else [step]
+            rows.append({"target": f"{name}: every scheme ran on the device",
+                         "measured": ", ".join(f"{r['scheme']} {1e3 * r['step_seconds']:.2f} ms" for r in step),
+                         "met": {r["scheme"] for r in step} == set(schemes)})
     for s in TRAIN_SCHEMES:
         acc = _accuracy(results.get(f"train-cuda-{s}"))
         rows.append({"target": f"train --device cuda --scheme {s}: runs", "measured": "-" if acc is None else
@@ -155,8 +172,8 @@ def to_markdown(report: dict[str, Any]) -> str:
     verdict = {True: "yes", False: "**no**", None: "no result"}
     lines += [f"| {r['target']} | {r['measured']} | {verdict[r['met']]} |" for r in report["targets"]]
     lines += ["", "## Commands", "", "| step | exit | seconds | command |", "| --- | --- | --- | --- |"]
-    lines += [f"| {c['name']} | {c['returncode']} | {c['seconds']:.1f} | `{' '.join(c['argv'][1:])}` |"
-              for c in report["checks"]]
+    lines += [f"| {c['name']} | {c.get('skipped') or c['returncode']} | {c['seconds']:.1f} | "
+              f"`{' '.join(c['argv'][1:])}` |" for c in report["checks"]]
     return "\n".join(lines) + "\n"
 
 
@@ -184,10 +201,22 @@ def machine() -> dict[str, Any]:
         info["cupy"] = f"{cupy.__version__} (CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()})"
     except Exception as e:  # noqa: BLE001 - reported, not fatal here
         info["cupy"] = f"unusable: {e}"
+    info["mpiexec"] = (_capture([_mpiexec(), "--version"]).splitlines() or ["unknown"])[0]
     info["mpi"] = _capture([sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import "
                             "MPI; print(MPI.Get_library_version().splitlines()[0])"])
-    info["commit"] = _capture(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"])
+    commit = _capture(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"])
+    # a copy of the tree without its .git (a device lease): the caller names the commit
+    info["commit"] = commit if commit not in ("", "unknown") else os.environ.get("MPISPARSE_COMMIT", "unknown")
     return info
+
+
+def _mpiexec() -> str:
+    from .launch import find_mpiexec
+
+    try:
+        return find_mpiexec()
+    except RuntimeError:
+        return "mpiexec"
 
 
 def _gpu_missing() -> str | None:
@@ -208,10 +237,35 @@ def _gpu_missing() -> str | None:
     return None
 
 
+def run_check(c: Check, cwd: Path) -> tuple[int, float, str]:
+    """Run one check's command: its exit code (124 past its timeout), seconds and whole output.
+
+    The command runs in its own process group, killed whole at the timeout: an
+    ``mpiexec`` killed alone can leave ranks that hold the output pipe open.
+    """
+    t0 = time.monotonic()
+    p = subprocess.Popen(c.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                         env=dict(os.environ, **c.env), start_new_session=True)
+    try:
+        output, _ = p.communicate(timeout=c.timeout)
+        code = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        try:
+            output, _ = p.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a process that left the group still holds the pipe
+            output = ""
+        code, output = 124, f"{output}\ntimed out after {c.timeout} s"
+    return code, time.monotonic() - t0, output
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bin/gpu-check", description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir", help="directory for gpu-check.json, gpu-check.md and each command's JSON")
     ap.add_argument("--epochs", type=int, default=3, help="epochs of each short train run (default 3)")
+    ap.add_argument("--only", default="", help="comma-separated names of the checks to run (default: all)")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="skip the checks that would start more than this many seconds after the first")
     args = ap.parse_args(argv)
     missing = _gpu_missing()
     if missing:
@@ -220,18 +274,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checks = plan(out, epochs=args.epochs)
+    names = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(names) - {c.name for c in checks})
+    if unknown:
+        print(f"gpu-check: --only names {', '.join(unknown)}; the checks are "
+              f"{', '.join(c.name for c in checks)}", file=sys.stderr)
+        return 2
+    if names:
+        checks = [c for c in checks if c.name in names]
     root = Path(__file__).resolve().parents[1]
     results: dict[str, Any] = {}
+    start = time.monotonic()
     for c in checks:
+        if args.deadline is not None and time.monotonic() - start > args.deadline:
+            c.skipped = f"skipped: past --deadline {args.deadline:g} s"
+            print(f"$ {c.name}: {c.skipped}", flush=True)
+            continue
         print(f"$ {' '.join(c.argv)}", flush=True)
-        t0 = time.monotonic()
-        try:
-            p = subprocess.run(c.argv, capture_output=True, text=True, timeout=c.timeout, cwd=root,
-                               env=dict(os.environ, **c.env))
-            c.returncode, c.tail = p.returncode, (p.stdout + p.stderr)[-3000:]
-        except subprocess.TimeoutExpired:
-            c.returncode, c.tail = 124, f"timed out after {c.timeout} s"
-        c.seconds = time.monotonic() - t0
+        c.returncode, c.seconds, output = run_check(c, root)
+        c.tail = output[-3000:]
+        (out / f"{c.name}.log").write_text(output)
         print(f"  exit {c.returncode} in {c.seconds:.1f} s", flush=True)
         results[c.name] = _load(c)
     report = {"command": " ".join(["bin/gpu-check", *(argv if argv is not None else sys.argv[1:])]),

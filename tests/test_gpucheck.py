@@ -4,17 +4,20 @@ import subprocess
 import sys
 
 from conftest import HERE
-from mpisparse.gpucheck import Check, plan, summarise, to_markdown
+from mpisparse.gpucheck import STEP_SCHEMES, Check, plan, run_check, summarise, to_markdown
 
 
 def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     checks = plan(tmp_path, python="python")
     names = [c.name for c in checks]
     assert names == ["gpu-tests", "info", "select", "select-deft", "step", "train-cuda-dense", "train-cuda-topk",
-                     "train-cuda-cltk", "train-cuda-deft", "train-cpu-deft"]
+                     "train-cuda-cltk", "train-cuda-deft", "train-cpu-deft", "step-hier"]
     assert checks[0].env == {"MPISPARSE_TEST_GPU": "1"}
+    for name in ("step", "step-hier"):
+        step = next(c for c in checks if c.name == name)
+        assert "--device" in step.argv and step.argv[step.argv.index("--device") + 1] == "cuda"
     step = next(c for c in checks if c.name == "step")
-    assert "--device" in step.argv and step.argv[step.argv.index("--device") + 1] == "cuda"
+    assert [step.argv[i + 1] for i, a in enumerate(step.argv) if a == "--scheme"] == list(STEP_SCHEMES)
     assert all(c.json is None or c.json.startswith(str(tmp_path)) for c in checks)
 
 
@@ -32,7 +35,8 @@ def test_verdicts_from_recorded_results(tmp_path):
                          "norms_ms": 0.2, "target_norms_ms": 0.1, "peer_norms_ms": 0.7},
                         {"world_size": 4, "deft_max_seconds": 0.0005, "target_select_ms": 0.4, "peer_topk_ms": 2.4,
                          "norms_ms": 0.2, "target_norms_ms": 0.1, "peer_norms_ms": 0.7}],
-        "step": [{"scheme": s, "step_seconds": 0.01} for s in ("dense", "topk", "cltk", "deft")],
+        "step": [{"scheme": s, "step_seconds": 0.01} for s in STEP_SCHEMES],
+        "step-hier": [{"scheme": "dense", "step_seconds": 0.01}],
         "train-cuda-deft": acc(0.9700), "train-cpu-deft": acc(0.9740),
         **{f"train-cuda-{s}": acc(0.96) for s in ("dense", "topk", "cltk")},
     }
@@ -42,6 +46,8 @@ def test_verdicts_from_recorded_results(tmp_path):
     assert rows["deft: selection W=1 <= 1 ms"]["met"] is True and rows["deft: selection W=4 <= 0.4 ms"]["met"] is False
     assert rows["deft: layer norms <= 0.1 ms"]["met"] is False
     assert rows["deft on the GPU within 0.5 points of the CPU run (same seed)"]["met"] is True
+    assert rows["step: every scheme ran on the device"]["met"] is True
+    assert rows["step-hier: every scheme ran on the device"]["met"] is False  # cltk and topk missing
     results["train-cpu-deft"] = acc(0.9800)
     rows = {r["target"]: r for r in summarise(checks, results)}
     assert rows["deft on the GPU within 0.5 points of the CPU run (same seed)"]["met"] is False
@@ -59,3 +65,30 @@ def test_without_a_gpu_it_refuses_in_one_line(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu-check: ") and "CUDA GPU" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_check_past_its_timeout_is_killed_with_its_children(tmp_path):
+    """The whole process group goes at the timeout (a child holding the pipe must not hang the check)."""
+    c = Check("sleepy", ["bash", "-c", "echo started; sleep 60 & sleep 60"], timeout=2)
+    code, seconds, output = run_check(c, tmp_path)
+    assert code == 124 and seconds < 30
+    assert output.startswith("started") and "timed out after 2 s" in output
+    code, _, output = run_check(Check("ok", ["bash", "-c", "echo out; echo err >&2; exit 3"]), tmp_path)
+    assert code == 3 and "out" in output and "err" in output
+
+
+def test_only_names_known_checks_and_deadline_skips(tmp_path, monkeypatch):
+    from mpisparse import gpucheck
+
+    monkeypatch.setattr(gpucheck, "_gpu_missing", lambda: None)
+    monkeypatch.setattr(gpucheck, "machine", lambda: {"device": "test"})
+    assert gpucheck.main([str(tmp_path / "a"), "--only", "nope"]) == 2
+    ran = []
+    monkeypatch.setattr(gpucheck, "run_check", lambda c, cwd: (ran.append(c.name), (0, 0.0, "ok"))[1])
+    assert gpucheck.main([str(tmp_path / "b"), "--only", "info,select"]) == 0
+    assert ran == ["info", "select"] and (tmp_path / "b" / "info.log").read_text() == "ok"
+    ran.clear()
+    gpucheck.main([str(tmp_path / "c"), "--deadline", "-1"])
+    assert ran == []
+    md = (tmp_path / "c" / "gpu-check.md").read_text()
+    assert "| gpu-tests | skipped: past --deadline -1 s |" in md
