@@ -12,10 +12,12 @@ present (and mpisparse importable).  In one run it executes
    ``torch.segment_reduce``);
 5. ``bench step -n 2 --device cuda`` on ResNet-50 shapes (every
    data-parallel scheme);
-6. a short ``train -n 2 --device cuda`` of dense, topk, cltk and deft, and
-   the CPU run of deft with the same seed (accuracy within 0.5 points);
-7. ``bench step -n 4 --device cuda --hierarchical`` (2 emulated hosts of 2
+6. ``bench step -n 4 --device cuda --hierarchical`` (2 emulated hosts of 2
    ranks: the two-level collectives on device buffers);
+7. ``bench select --backend cupy`` over sizes and densities (which exact
+   top-k method is faster where: ``cupy_kernels.AUTO_TABLE``);
+8. a short ``train -n 2`` of every data-parallel scheme on the device and on
+   the CPU with the same seed (test accuracy within 0.5 points);
 
 and writes ``OUT_DIR/gpu-check.json`` and ``OUT_DIR/gpu-check.md``: the
 device, driver, CUDA, MPI, commit and date, each command with its exit code
@@ -44,10 +46,12 @@ __all__ = ["Check", "main", "plan", "summarise", "to_markdown"]
 
 #: accuracy (percentage points) a GPU run of deft may differ from the CPU run of the same seed
 ACCURACY_POINTS = 0.5
-TRAIN_SCHEMES = ("dense", "topk", "cltk", "deft")
-#: every data-parallel scheme: each runs a device-resident ``bench step``
+#: every data-parallel scheme: each runs a device-resident ``bench step`` and trains on the device and the CPU
 STEP_SCHEMES = ("dense", "topk", "randomk", "threshold", "cltk", "deft", "dct", "gtopk", "dgc")
+TRAIN_SCHEMES = STEP_SCHEMES
 HIER_SCHEMES = ("dense", "cltk", "topk")
+SWEEP_SIZES = "65536,262144,1000000,4000000,25000000"
+SWEEP_DENSITIES = "0.0001,0.001,0.01,0.1,0.3"
 
 
 @dataclass
@@ -69,6 +73,7 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Ch
     """The commands of a check writing into ``out`` (a pure function: tests read it)."""
     ms = [python, "-m", "mpisparse"]
     j = lambda name: str(out / f"{name}.json")  # noqa: E731
+    schemes = lambda names: [a for s in names for a in ("--scheme", s)]  # noqa: E731
     checks = [
         Check("gpu-tests", [python, "-m", "pytest", "tests", "-m", "gpu", "-q", "-rs"], env={"MPISPARSE_TEST_GPU": "1"},
               timeout=240),
@@ -79,19 +84,23 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Ch
                               "--worlds", "1,2,4,8", "--density", "0.01", "--json", j("select-deft")],
               json=j("select-deft"), timeout=150),
         Check("step", [*ms, "bench", "step", "-n", "2", "--device", "cuda", "--model", "resnet50",
-                       *[a for s in STEP_SCHEMES for a in ("--scheme", s)], "--density", "0.01", "--iters", "10",
-                       "--json", j("step")], json=j("step"), timeout=240),
+                       *schemes(STEP_SCHEMES), "--density", "0.01", "--iters", "10", "--json", j("step")],
+              json=j("step"), timeout=240),
+        Check("step-hier", [*ms, "bench", "step", "-n", "4", "--device", "cuda", "--hierarchical", "--model",
+                            "resnet50", *schemes(HIER_SCHEMES), "--density", "0.01", "--iters", "5",
+                            "--json", j("step-hier")],
+              json=j("step-hier"), env={"MPISPARSE_RANKS_PER_HOST": "2"}, timeout=150),
+        # which exact top-k is faster where: the rows of cupy_kernels.AUTO_TABLE
+        Check("select-sweep", [*ms, "bench", "select", "--backend", "cupy", "--sizes", SWEEP_SIZES,
+                               "--densities", SWEEP_DENSITIES, "--repeats", "10", "--json", j("select-sweep")],
+              json=j("select-sweep"), timeout=240),
     ]
-    runs = [("cuda", s) for s in TRAIN_SCHEMES] + [("cpu", "deft")]
-    for device, s in runs:
-        name = f"train-{device}-{s}"
-        checks.append(Check(name, [*ms, "train", "-n", "2", "--device", device, "--scheme", s, "--density", "0.01",
-                                   "--epochs", str(epochs), "--seed", "0", "--json", j(name)],
-                            json=j(name), timeout=150))
-    checks.append(Check("step-hier", [*ms, "bench", "step", "-n", "4", "--device", "cuda", "--hierarchical",
-                                      "--model", "resnet50", *[a for s in HIER_SCHEMES for a in ("--scheme", s)],
-                                      "--density", "0.01", "--iters", "5", "--json", j("step-hier")],
-                        json=j("step-hier"), env={"MPISPARSE_RANKS_PER_HOST": "2"}, timeout=150))
+    for s in TRAIN_SCHEMES:
+        for device in ("cuda", "cpu"):
+            name = f"train-{device}-{s}"
+            checks.append(Check(name, [*ms, "train", "-n", "2", "--device", device, "--scheme", s, "--density",
+                                       "0.01", "--epochs", str(epochs), "--seed", "0", "--json", j(name)],
+                                json=j(name), timeout=150))
     return checks
 
 
@@ -153,13 +162,11 @@ def summarise(checks: Sequence[Check], results: dict[str, Any]) -> list[dict[str
                          "measured": ", ".join(f"{r['scheme']} {1e3 * r['step_seconds']:.2f} ms" for r in step),
                          "met": {r["scheme"] for r in step} == set(schemes)})
     for s in TRAIN_SCHEMES:
-        acc = _accuracy(results.get(f"train-cuda-{s}"))
-        rows.append({"target": f"train --device cuda --scheme {s}: runs", "measured": "-" if acc is None else
-                     f"test accuracy {acc:.2f}%", "met": None if acc is None else True})
-    gpu, cpu = _accuracy(results.get("train-cuda-deft")), _accuracy(results.get("train-cpu-deft"))
-    rows.append({"target": f"deft on the GPU within {ACCURACY_POINTS} points of the CPU run (same seed)",
-                 "measured": "-" if gpu is None or cpu is None else f"{gpu:.2f}% vs {cpu:.2f}%",
-                 "met": None if gpu is None or cpu is None else abs(gpu - cpu) <= ACCURACY_POINTS})
+        gpu, cpu = _accuracy(results.get(f"train-cuda-{s}")), _accuracy(results.get(f"train-cpu-{s}"))
+        rows.append({"target": f"train --scheme {s}: the GPU run within {ACCURACY_POINTS} points of the CPU run "
+                               "(same seed)",
+                     "measured": "-" if gpu is None or cpu is None else f"{gpu:.2f}% vs {cpu:.2f}%",
+                     "met": None if gpu is None or cpu is None else abs(gpu - cpu) <= ACCURACY_POINTS})
     return rows
 
 

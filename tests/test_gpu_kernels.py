@@ -32,6 +32,7 @@ def cp(request, monkeypatch):
     monkeypatch.setattr(ck, "_modules", {})
     monkeypatch.setattr(ck, "_sm_count", {})
     monkeypatch.setattr(ck, "_cap_hint", {})
+    monkeypatch.setattr(ck, "_TILE_PLANS", {})
     if request.param == "emu":
         if not fakecupy.compiler_available():
             pytest.skip("the CPU emulator of the CUDA kernels needs g++ (or $CXX)")
@@ -79,6 +80,28 @@ def test_threshold_select_matches_numpy(cp, n, dtype):
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(np.sort(got), want, err_msg=f"t={t}")
     np.testing.assert_array_equal(host(d), x)  # input untouched
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_aligned_and_misaligned_inputs_take_the_vector_and_scalar_passes(cp, dtype):
+    """16-byte aligned: the ``*_vec`` kernels (16-byte loads, tail by block 0); a view one element in: scalar."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(70_003).astype(dtype)
+    base = cp.asarray(np.concatenate([x, x[:1]]))
+    emulated = hasattr(cp, "as_cupy_module")
+    for view, vec in ((base[:x.size], True), (base[1:], False)):
+        want_x = x if vec else np.concatenate([x[1:], x[:1]])
+        before = {key[2]: f.launches for key, f in ck._modules.items() if len(key) == 3}
+        t = float(np.quantile(np.abs(want_x), 0.99))
+        got = host(ck.threshold_select(view, t))
+        np.testing.assert_array_equal(np.sort(got), nk.threshold_select(want_x, t))
+        got_i, got_v = ck.threshold_select_values(view, t)
+        np.testing.assert_array_equal(host(got_v), want_x[host(got_i)])
+        check_topk(want_x, ck.topk_abs(view, 700, method="sample", rng=3), 700)
+        if emulated:
+            ran = {key[2] for key, f in ck._modules.items() if len(key) == 3 and f.launches > before.get(key[2], 0)}
+            passes = {n for n in ran if n.startswith(("select_ge", "select_key_ge"))}
+            assert passes and all(("_vec_" in n) == vec for n in passes), passes
 
 
 def test_threshold_select_rounds_t_up_like_numpy(cp):

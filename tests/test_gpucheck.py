@@ -10,8 +10,8 @@ from mpisparse.gpucheck import STEP_SCHEMES, Check, plan, run_check, summarise, 
 def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     checks = plan(tmp_path, python="python")
     names = [c.name for c in checks]
-    assert names == ["gpu-tests", "info", "select", "select-deft", "step", "train-cuda-dense", "train-cuda-topk",
-                     "train-cuda-cltk", "train-cuda-deft", "train-cpu-deft", "step-hier"]
+    assert names[:7] == ["gpu-tests", "info", "select", "select-deft", "step", "step-hier", "select-sweep"]
+    assert names[7:] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
     assert checks[0].env == {"MPISPARSE_TEST_GPU": "1"}
     for name in ("step", "step-hier"):
         step = next(c for c in checks if c.name == name)
@@ -19,6 +19,9 @@ def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     step = next(c for c in checks if c.name == "step")
     assert [step.argv[i + 1] for i, a in enumerate(step.argv) if a == "--scheme"] == list(STEP_SCHEMES)
     assert all(c.json is None or c.json.startswith(str(tmp_path)) for c in checks)
+
+
+DEFT_ROW = "train --scheme deft: the GPU run within 0.5 points of the CPU run (same seed)"
 
 
 def test_verdicts_from_recorded_results(tmp_path):
@@ -38,21 +41,22 @@ def test_verdicts_from_recorded_results(tmp_path):
         "step": [{"scheme": s, "step_seconds": 0.01} for s in STEP_SCHEMES],
         "step-hier": [{"scheme": "dense", "step_seconds": 0.01}],
         "train-cuda-deft": acc(0.9700), "train-cpu-deft": acc(0.9740),
-        **{f"train-cuda-{s}": acc(0.96) for s in ("dense", "topk", "cltk")},
+        **{f"train-{d}-{s}": acc(0.96) for s in ("dense", "topk", "cltk") for d in ("cuda", "cpu")},
     }
     rows = {r["target"]: r for r in summarise(checks, results)}
     assert rows["select: threshold_select/one_read <= 2"]["met"] is True
     assert rows["select: torch_topk/topk_abs >= 5"]["met"] is False
     assert rows["deft: selection W=1 <= 1 ms"]["met"] is True and rows["deft: selection W=4 <= 0.4 ms"]["met"] is False
     assert rows["deft: layer norms <= 0.1 ms"]["met"] is False
-    assert rows["deft on the GPU within 0.5 points of the CPU run (same seed)"]["met"] is True
+    assert rows[DEFT_ROW]["met"] is True
+    assert rows["train --scheme topk: the GPU run within 0.5 points of the CPU run (same seed)"]["met"] is True
     assert rows["step: every scheme ran on the device"]["met"] is True
     assert rows["step-hier: every scheme ran on the device"]["met"] is False  # cltk and topk missing
     results["train-cpu-deft"] = acc(0.9800)
     rows = {r["target"]: r for r in summarise(checks, results)}
-    assert rows["deft on the GPU within 0.5 points of the CPU run (same seed)"]["met"] is False
+    assert rows[DEFT_ROW]["met"] is False
     missing = {r["target"]: r for r in summarise(checks, {})}
-    assert missing["train --device cuda --scheme deft: runs"]["met"] is None
+    assert missing[DEFT_ROW]["met"] is None
     md = to_markdown({"command": "bin/gpu-check out", "machine": {"device": "X"}, "targets": summarise(checks, results),
                       "checks": [vars(Check("info", ["python", "-m", "mpisparse", "info"], returncode=0))]})
     assert "| select: torch_topk/topk_abs >= 5 | 2.90 | **no** |" in md and "| info | 0 |" in md

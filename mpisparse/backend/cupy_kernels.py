@@ -113,6 +113,10 @@ KERNEL_SOURCES = ("select.cu", "rowwise.cu", "scatter.cu", "segmented.cu")
 
 #: Threads per block of the element-wise kernels (a multiple of 32).
 BLOCK = 256
+#: 16-byte loads per thread per iteration of the ``*_vec`` passes (``VILP`` in ``cuda/select.cu``).
+VILP = 2
+#: Threads of the one-block k-th key search (``KTH_THREADS`` in ``cuda/select.cu``).
+KTH_THREADS = 1024
 #: Blocks per SM at most for the grid-stride loops.
 BLOCKS_PER_SM = 8
 #: Candidate sets up to this size are resolved by one device sort.
@@ -199,6 +203,33 @@ def _key_dtype(dtype):
     return np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint64
 
 
+def _pass(w, idt, keys: bool):
+    """``(kernel, elements per thread)`` of the threshold (``keys`` False) or candidate pass over ``w``.
+
+    The ``*_vec`` kernels read 16-byte vectors: used where ``w`` starts on a
+    16-byte boundary (every CuPy allocation does; a view may not).
+    """
+    name = "select_key_ge" if keys else "select_ge"
+    try:
+        ptr = w.data.ptr
+    except AttributeError:  # an array that is not CuPy's (the tests' emulator)
+        ptr = w.__cuda_array_interface__["data"][0]
+    if ptr % 16 == 0:
+        return _kernel("select.cu", f"{name}_vec_{_tn(w.dtype)}_{_in(idt)}"), VILP * (16 // w.dtype.itemsize)
+    return _kernel("select.cu", f"{name}_{_tn(w.dtype)}_{_in(idt)}"), 4
+
+
+def _kth(keys, dtype, need: int, found, *, kth_out=None, n_ptr=None, cap: int = 0) -> None:
+    """Launch ``block_kth``: the ``need``-th largest of ``keys`` (of ``dtype``'s magnitude keys) into ``found``.
+
+    ``n_ptr`` (a device count, clipped to ``cap``) replaces ``keys.size``
+    when the count is only known on the device.  No host round trip.
+    """
+    _kernel("select.cu", f"block_kth_{_tn(dtype)}")(
+        (1,), (KTH_THREADS,), (keys, np.int64(keys.size), _NULL if n_ptr is None else n_ptr, np.uint64(cap),
+                               np.uint64(need), found, _NULL if kth_out is None else kth_out))
+
+
 _NULL = np.uint64(0)
 
 
@@ -245,7 +276,7 @@ def _select_ge(x, t, values: bool):
     tc = _nk._ceil_to_dtype(t, x.dtype)  # exact comparison, as the NumPy kernel
     w = _work(x)
     tw = w.dtype.type(tc)  # float16 -> float32 is exact
-    kern = _kernel("select.cu", f"select_ge_{_tn(w.dtype)}_{_in(idt)}")
+    kern, per_thread = _pass(w, idt, keys=False)
     cap = min(n, _cap_hint.get(n, max(4096, n // 64)))
     counter = cp.zeros(1, dtype=np.uint64)
     for attempt in range(2):
@@ -253,8 +284,8 @@ def _select_ge(x, t, values: bool):
         vals = cp.empty(cap, dtype=w.dtype) if values else None
         if attempt:
             counter.fill(0)
-        kern(_grid(n, 4), (BLOCK,), (w, np.int64(n), tw, _NULL, idx, _NULL if vals is None else vals,
-                                     counter, np.uint64(cap)))
+        kern(_grid(n, per_thread), (BLOCK,), (w, np.int64(n), tw, _NULL, idx, _NULL if vals is None else vals,
+                                              counter, np.uint64(cap)))
         c = int(counter.get()[0])  # the one device-to-host read
         if c <= cap:
             break
@@ -368,6 +399,7 @@ def _radix_topk(w, k: int, idt):
 
 
 def _sampled_topk(w, k: int, idt, rng):
+    """Sampled threshold, one candidate pass, the exact k-th candidate: one device-to-host read."""
     cp = _cupy()
     n = w.shape[0]
     m, r = _nk.sample_plan(n, k)  # the NumPy kernel's sample sizing
@@ -375,24 +407,28 @@ def _sampled_topk(w, k: int, idt, rng):
     seed = np.uint64(int(rng.integers(0, 2**63)))
     samp = cp.empty(m, dtype=kdt)
     _kernel("select.cu", f"sample_keys_{tn}")(_grid(m), (BLOCK,), (w, np.int64(n), seed, np.int64(m), samp))
-    samp.sort()
-    counter = cp.zeros(1, dtype=np.uint64)
-    kern = _kernel("select.cu", f"select_key_ge_{tn}_{inn}")
-    for _ in range(MAX_RETRIES):
+    kern, per_thread = _pass(w, idt, keys=True)
+    take = _kernel("select.cu", f"take_top_{tn}_{inn}")
+    found = cp.empty(6, dtype=np.uint64)  # [0:3] the sample's r-th key, [3:6] the candidates' k-th
+    t_key = cp.empty(1, dtype=kdt)
+    counts = cp.zeros(3, dtype=np.uint64)  # candidates, above the k-th, equal to it
+    for attempt in range(MAX_RETRIES):
         if r >= m:
             break
-        t_key = samp[m - r:m - r + 1]  # the r-th largest sampled key, left on the device
+        _kth(samp, w.dtype, r, found[:3], kth_out=t_key)  # threshold: the r-th largest sampled key
         cap = min(n, int(math.ceil(2.0 * r * n / m)) + 4096)
         cand_idx, cand_key = cp.empty(cap, dtype=idt), cp.empty(cap, dtype=kdt)
-        counter.fill(0)
-        kern(_grid(n, 4), (BLOCK,), (w, np.int64(n), t_key, cand_idx, cand_key, counter, np.uint64(cap)))
-        c = int(counter.get()[0])
+        out = cp.empty(k, dtype=idt)
+        if attempt:
+            counts.fill(0)
+        kern(_grid(n, per_thread), (BLOCK,), (w, np.int64(n), t_key, cand_idx, cand_key, counts, np.uint64(cap)))
+        _kth(cand_key, w.dtype, k, found[3:], n_ptr=counts, cap=cap)  # the k-th largest candidate
+        take(_grid(cap), (BLOCK,), (cand_key, cand_idx, counts, np.uint64(cap), found[3:], np.uint64(k), out,
+                                    counts[1:]))
+        c = int(counts[:1].get()[0])  # the one device-to-host read: the candidates' count
         if c > cap:  # threshold far too low (mostly-equal or zero input): radix from x
             break
         if c >= k:
-            out = cp.empty(k, dtype=idt)
-            rx = _Radix(w.dtype, idt)
-            rx.resolve(out, 0, cand_key[:c], cand_idx[:c], c, k, rx.shifts)
             return out
         r = _nk.lowered_rank(r, k, c)  # too few: lower the threshold
     return _radix_topk(w, k, idt)
@@ -467,6 +503,30 @@ def _tiles(st: np.ndarray, sz: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     return lo, hi, seg
 
 
+#: device copies of recent tile plans: a training step asks for the same layers every step
+_TILE_PLANS: dict[tuple, tuple] = {}
+_TILE_PLANS_KEPT = 16
+
+
+def _tile_plan(cp, st: np.ndarray, sz: np.ndarray, ids: np.ndarray):
+    """``(lo, hi, tseg)`` of the tiles of segments ``ids`` on the host, and their device copies.
+
+    ``tseg`` holds each tile's position in the call (an element of ``ids``).
+    The device copies are kept for the last :data:`_TILE_PLANS_KEPT` layouts
+    (one host-to-device copy per layout, not per call).
+    """
+    key = (id(cp), cp.cuda.runtime.getDevice(), st.tobytes(), sz.tobytes(), ids.tobytes())
+    plan = _TILE_PLANS.pop(key, None)
+    if plan is None:
+        lo, hi, tseg = _tiles(st[ids], sz[ids])
+        tseg = ids[tseg]
+        plan = (lo, hi, tseg, *_upload(cp, lo, hi, tseg))
+        if len(_TILE_PLANS) >= _TILE_PLANS_KEPT:
+            _TILE_PLANS.pop(next(iter(_TILE_PLANS)))
+    _TILE_PLANS[key] = plan  # most recent last
+    return plan
+
+
 def _upload(cp, *arrays):
     """One host-to-device copy of several int64 arrays; returns device views of each."""
     sizes = [a.size for a in arrays]
@@ -492,8 +552,7 @@ def segment_norms(x, starts, sizes) -> np.ndarray:
     if not (sz > 0).any():
         return np.zeros(st.size, dtype=np.float64)
     w = _work(x)
-    lo, hi, seg = _tiles(st, sz)
-    lo_d, hi_d = _upload(cp, lo, hi)
+    lo, hi, seg, lo_d, hi_d, _ = _tile_plan(cp, st, sz, np.arange(st.size, dtype=np.int64))
     partial = cp.empty(lo.size, dtype=np.float64)
     _kernel("segmented.cu", f"seg_sumsq_{_tn(w.dtype)}")((lo.size,), (BLOCK,), (w, lo_d, hi_d, partial))
     sq = np.bincount(seg, weights=partial.get(), minlength=st.size)
@@ -506,10 +565,8 @@ def _seg_pass(cp, w, idt, st, sz, tkey_d, seg_ids, cap: int):
     Returns ``(idx, keys, segs, counts)``: device candidates and the host hit
     count of every segment of ``seg_ids``.
     """
-    lo, hi, tseg = _tiles(st[seg_ids], sz[seg_ids])
-    tseg = seg_ids[tseg]  # the tiles carry the call's segment positions
+    lo, hi, tseg, lo_d, hi_d, tseg_d = _tile_plan(cp, st, sz, seg_ids)  # tiles carry the call's positions
     S = tkey_d.size
-    lo_d, hi_d, tseg_d = _upload(cp, lo, hi, tseg)
     kern = _kernel("segmented.cu", f"seg_select_key_ge_{_tn(w.dtype)}_{_in(idt)}")
     kdt = _key_dtype(w.dtype)
     for _ in range(2):
@@ -649,8 +706,10 @@ def estimate_threshold(x, k, *, sample=0.01, rng=None) -> float:
     ks = min(m, max(1, int(round(k * m / n))))
     if ks == m:
         return float(cp.abs(a).min())
-    sel = _radix_topk(a, ks, index_dtype(m))
-    return float(cp.abs(a[sel]).min())
+    found = cp.empty(3, dtype=np.uint64)
+    _kth(a.view(_key_dtype(w.dtype)), w.dtype, ks, found)  # the sign bit lies outside the key's digits
+    key = found[:1].get()[0]
+    return float(np.array([key], dtype=_key_dtype(w.dtype)).view(w.dtype)[0])
 
 
 def randomk(n, k, rng):

@@ -100,6 +100,21 @@ def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: i
     except ImportError:
         pass
 
+    # host time of each call beside its device time (events on the stream): where a kernel's wall time goes
+    split = {}
+    try:
+        from cupyx.profiler import benchmark
+    except ImportError:  # an old CuPy, or the tests' emulator
+        benchmark = None
+    if benchmark is not None and isinstance(x, cp.ndarray):
+        for name, fn in (("threshold_select", lambda: ck.threshold_select(x, kth)),
+                         ("topk_abs_sample", lambda: ck.topk_abs(x, k, rng=krng, method="sample")),
+                         ("topk_abs_radix", lambda: ck.topk_abs(x, k, method="radix")),
+                         ("estimate_threshold", lambda: ck.estimate_threshold(x, k, rng=krng))):
+            b = benchmark(fn, n_repeat=repeats, n_warmup=2)
+            split[name] = {"host_ms": float(np.median(b.cpu_times)) * 1e3,
+                           "device_ms": float(np.median(b.gpu_times[0])) * 1e3}
+
     auto = ck.auto_method(n, k)
     methods = {m: timings[name]["best_ms"] for m, name in (("sample", "topk_abs_sample"), ("radix", "topk_abs_radix"))}
     fastest = min(methods, key=methods.get)
@@ -141,6 +156,7 @@ def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: i
                        if "torch_topk/topk_abs" in ratios else {})},
         "checks": checks,
         "auto": {"picked": auto, "fastest": fastest, "times_ms": methods, "auto_is_fastest": auto == fastest},
+        "host_device_split": split,
         "machine": {"device": name.decode() if isinstance(name, bytes) else str(name),
                     "cupy": cp.__version__, "torch": torch_version, "python": platform.python_version(),
                     "numpy": np.__version__},
@@ -167,6 +183,10 @@ def format_select_bench_gpu(res: dict) -> str:
               + f"; auto picked {a['picked']}"
               + ("" if a["auto_is_fastest"] else f"  <-- NOT the fastest ({a['fastest']}): update "
                  "cupy_kernels.AUTO_TABLE")]
+    split = res.get("host_device_split") or {}
+    if split:
+        lines += ["", "per call, median ms (cupyx.profiler.benchmark): " + ", ".join(
+            f"{name} host {t['host_ms']:.3f} / device {t['device_ms']:.3f}" for name, t in split.items())]
     lines += ["", "targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in res["targets"].items())]
     c = res["checks"]
     lines.append(f"checks: topk exact auto/sample/radix {c['topk_exact_auto']}/{c['topk_exact_sample']}/"

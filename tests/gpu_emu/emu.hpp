@@ -36,6 +36,14 @@
 #define __restrict__ __restrict
 #define __shared__ static
 
+// CUDA's 16-byte vector types (what a kernel's 16-byte loads read)
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(16) double2 {
+    double x, y;
+};
+
 struct emu_dim3 {
     unsigned x, y, z;
 };

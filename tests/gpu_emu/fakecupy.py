@@ -298,4 +298,5 @@ def install(monkeypatch) -> types.ModuleType:
     monkeypatch.setattr(ck, "_modules", {})
     monkeypatch.setattr(ck, "_sm_count", {})
     monkeypatch.setattr(ck, "_cap_hint", {})
+    monkeypatch.setattr(ck, "_TILE_PLANS", {})
     return mod

@@ -4,6 +4,11 @@
 //                    compare |x| >= t, count, write indices (and values)
 // * select_key_ge_*  the same on magnitude keys (key(|x|) >= key(t)), writing
 //                    indices and keys: the candidate pass of the sampled top-k
+// * *_vec_*          the same two passes with 16-byte loads (x 16-byte aligned)
+// * block_kth_*      the need-th largest of a key array, one block (radix
+//                    digits in shared memory): the sampled top-k's threshold
+//                    and its exact k-th candidate, without a host round trip
+// * take_top_*       the k largest candidates' indices given that k-th key
 // * sample_keys_*    magnitude keys at hashed random positions (with replacement)
 // * radix_hist_*     12-bit digit histogram of the magnitude keys (of x, or of
 //                    a candidate key array)
@@ -21,6 +26,27 @@
 #define RADIX_BITS 12
 #define RADIX_BINS 4096
 #define ILP 4
+#define VILP 2
+#define KTH_BITS 11
+#define KTH_BINS 2048
+#define KTH_THREADS 1024
+
+// 16-byte vectors of x: four floats or two doubles per load
+template <typename T> struct Vec;
+template <> struct Vec<float> {
+    typedef float4 type;
+    static const int W = 4;
+    __device__ __forceinline__ static void get(const float4& v, float* o) {
+        o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+    }
+};
+template <> struct Vec<double> {
+    typedef double2 type;
+    static const int W = 2;
+    __device__ __forceinline__ static void get(const double2& v, double* o) {
+        o[0] = v.x; o[1] = v.y;
+    }
+};
 
 // ----------------------------------------------------------------- threshold select
 template <typename T, typename I>
@@ -75,6 +101,174 @@ __device__ __forceinline__ void select_key_ge(const T* __restrict__ x, i64 n,
                 keys[p] = key[j];
             }
         }
+    }
+}
+
+// ------------------------------------------------- the two passes with 16-byte loads
+// One template for both: KEYS false = select_ge (|x| >= t, indices and values),
+// KEYS true = select_key_ge (key >= *t_key, indices and keys).  x must be
+// 16-byte aligned; the last n % W elements are handled by block 0.  A warp
+// whose VILP * W elements per lane hold no hit skips the appends (one ballot).
+template <typename T, typename I, bool KEYS>
+__device__ __forceinline__ void select_vec(const T* __restrict__ x, i64 n, T t, const T* __restrict__ t_ptr,
+                                           const typename MagKey<T>::type* __restrict__ t_key,
+                                           I* __restrict__ idx, T* __restrict__ vals,
+                                           typename MagKey<T>::type* __restrict__ keys,
+                                           u64* __restrict__ counter, u64 capacity) {
+    typedef typename Vec<T>::type V;
+    typedef typename MagKey<T>::type K;
+    const int W = Vec<T>::W;
+    K tk = (K)0;
+    if (KEYS) tk = *t_key;
+    else if (t_ptr != 0) t = *t_ptr;
+    const V* __restrict__ xv = reinterpret_cast<const V*>(x);
+    const i64 nv = n / W;
+    const i64 stride = (i64)gridDim.x * blockDim.x * VILP;
+    for (i64 base = (i64)blockIdx.x * blockDim.x * VILP; base < nv; base += stride) {
+        T v[VILP][W];
+#pragma unroll
+        for (int j = 0; j < VILP; ++j) {
+            const i64 i = base + (i64)j * blockDim.x + threadIdx.x;
+            if (i < nv) {
+                Vec<T>::get(xv[i], v[j]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < W; ++e) v[j][e] = (T)0;
+            }
+        }
+        bool hit[VILP][W];
+        bool any = false;
+#pragma unroll
+        for (int j = 0; j < VILP; ++j) {
+            const bool in = base + (i64)j * blockDim.x + threadIdx.x < nv;
+#pragma unroll
+            for (int e = 0; e < W; ++e) {
+                hit[j][e] = in && (KEYS ? MagKey<T>::of(v[j][e]) >= tk : mps_abs(v[j][e]) >= t);
+                any = any || hit[j][e];
+            }
+        }
+        if (__ballot_sync(MPS_FULL_MASK, any) == 0u) continue;  // uniform across the warp
+#pragma unroll
+        for (int j = 0; j < VILP; ++j) {
+            const i64 i = base + (i64)j * blockDim.x + threadIdx.x;
+#pragma unroll
+            for (int e = 0; e < W; ++e) {
+                const u64 p = warp_append(hit[j][e], counter);
+                if (hit[j][e] && p < capacity) {
+                    idx[p] = (I)(i * W + e);
+                    if (KEYS) keys[p] = MagKey<T>::of(v[j][e]);
+                    else if (vals != 0) vals[p] = v[j][e];
+                }
+            }
+        }
+    }
+    if (blockIdx.x == 0) {  // the tail: fewer than W elements, one per thread of block 0
+        const i64 i = nv * W + threadIdx.x;
+        const bool in = i < n;
+        const T val = in ? x[i] : (T)0;
+        const bool hit = in && (KEYS ? MagKey<T>::of(val) >= tk : mps_abs(val) >= t);
+        const u64 p = warp_append(hit, counter);
+        if (hit && p < capacity) {
+            idx[p] = (I)i;
+            if (KEYS) keys[p] = MagKey<T>::of(val);
+            else if (vals != 0) vals[p] = val;
+        }
+    }
+}
+
+// ------------------------------------------------ exact k-th largest key, one block
+// The need-th largest of the first n keys (n = min(*n_ptr, cap) when n_ptr is
+// given, else n_fixed), by radix digits of KTH_BITS from the top: each digit
+// is a shared-memory histogram of the keys that share the digits fixed so
+// far, and a block scan finds the bin holding the need-th largest.  Writes
+// found[0] = that key, found[1] = the number of keys strictly above it,
+// found[2] = 1, and kth_out[0] = the key (typed, for a pass that reads it);
+// when need is 0 or above n, only found[2] = 0.  Launch with KTH_THREADS threads.
+template <typename K, int BITS>
+__device__ __forceinline__ void block_kth(const K* __restrict__ keys, i64 n_fixed, const u64* __restrict__ n_ptr,
+                                          u64 cap, u64 need, u64* __restrict__ found, K* __restrict__ kth_out) {
+    __shared__ u32 hist[KTH_BINS];
+    __shared__ u64 part[KTH_THREADS];
+    __shared__ u64 s_bin, s_above;
+    const int t = threadIdx.x;
+    u64 n = n_ptr != 0 ? *n_ptr : (u64)n_fixed;
+    if (n_ptr != 0 && n > cap) n = cap;
+    if (need < 1ull || need > n) {
+        if (t == 0) found[2] = 0ull;
+        return;
+    }
+    K prefix = (K)0, mask = (K)0;
+    u64 above_total = 0ull;
+    for (int hi = BITS; hi > 0;) {
+        const int w = hi >= KTH_BITS ? KTH_BITS : hi;
+        const int shift = hi - w;
+        const int nb = 1 << w;
+        for (int b = t; b < KTH_BINS; b += blockDim.x) hist[b] = 0u;
+        __syncthreads();
+        for (u64 i = (u64)t; i < n; i += blockDim.x) {
+            const K key = keys[i];
+            if ((key & mask) == prefix) atomicAdd(&hist[(u32)(key >> shift) & (u32)(nb - 1)], 1u);
+        }
+        __syncthreads();
+        // thread t owns bins nb-1-2t and nb-2-2t (scanned from the top)
+        const int b0 = nb - 1 - 2 * t, b1 = b0 - 1;
+        const u64 c0 = b0 >= 0 ? (u64)hist[b0] : 0ull, c1 = b1 >= 0 ? (u64)hist[b1] : 0ull;
+        part[t] = c0 + c1;
+        __syncthreads();
+        for (int off = 1; off < KTH_THREADS; off <<= 1) {  // inclusive scan, Hillis-Steele
+            const u64 v = t >= off ? part[t - off] : 0ull;
+            __syncthreads();
+            part[t] += v;
+            __syncthreads();
+        }
+        const u64 excl = part[t] - (c0 + c1);
+        if (excl < need && need <= part[t]) {
+            if (excl + c0 >= need) {
+                s_bin = (u64)b0;
+                s_above = excl;
+            } else {
+                s_bin = (u64)b1;
+                s_above = excl + c0;
+            }
+        }
+        __syncthreads();
+        prefix |= (K)s_bin << shift;
+        mask |= (K)(nb - 1) << shift;
+        need -= s_above;
+        above_total += s_above;
+        __syncthreads();  // every thread has read s_bin / s_above before the next digit rewrites them
+        hi = shift;
+    }
+    if (t == 0) {
+        found[0] = (u64)prefix;
+        found[1] = above_total;
+        found[2] = 1ull;
+        if (kth_out != 0) kth_out[0] = prefix;
+    }
+}
+
+// The k largest of n = min(*n_ptr, cap) candidates, given their k-th largest
+// key (found, from block_kth): keys above it all go, slots from counters[0];
+// keys equal to it fill the slots from found[1] while they are below k
+// (counters[1]).  Writes out[0:k] exactly; nothing when found[2] == 0.
+template <typename K, typename I>
+__device__ __forceinline__ void take_top(const K* __restrict__ keys, const I* __restrict__ idx,
+                                         const u64* __restrict__ n_ptr, u64 cap, const u64* __restrict__ found,
+                                         u64 k, I* __restrict__ out, u64* __restrict__ counters) {
+    if (found[2] == 0ull) return;
+    u64 n = *n_ptr;
+    if (n > cap) n = cap;
+    const K kth = (K)found[0];
+    const u64 above = found[1];
+    for (u64 base = (u64)blockIdx.x * blockDim.x; base < n; base += (u64)gridDim.x * blockDim.x) {
+        const u64 i = base + threadIdx.x;
+        const K key = i < n ? keys[i] : (K)0;
+        const bool gt = i < n && key > kth;
+        const bool eq = i < n && key == kth;
+        const u64 p = warp_append(gt, &counters[0]);
+        if (gt) out[p] = idx[i];
+        const u64 q = warp_append(eq, &counters[1]);
+        if (eq && above + q < k) out[above + q] = idx[i];
     }
 }
 
@@ -163,6 +357,21 @@ __device__ __forceinline__ void radix_split(const T* __restrict__ x,
                                                           u64* n_out, I* cand_idx,                       \
                                                           MagKey<T>::type* cand_key, u64* n_cand) {      \
         radix_split<T, I, false>(0, keys, idx, n, shift, found, out, n_out, cand_idx, cand_key, n_cand); \
+    }                                                                                                   \
+    extern "C" __global__ void select_ge_vec_##TN##_##IN(const T* x, i64 n, T t, const T* t_ptr, I* idx, \
+                                                          T* vals, u64* counter, u64 capacity) {        \
+        select_vec<T, I, false>(x, n, t, t_ptr, 0, idx, vals, 0, counter, capacity);                    \
+    }                                                                                                   \
+    extern "C" __global__ void select_key_ge_vec_##TN##_##IN(const T* x, i64 n,                         \
+                                                              const MagKey<T>::type* t_key, I* idx,      \
+                                                              MagKey<T>::type* keys, u64* counter,      \
+                                                              u64 capacity) {                           \
+        select_vec<T, I, true>(x, n, (T)0, 0, t_key, idx, 0, keys, counter, capacity);                  \
+    }                                                                                                   \
+    extern "C" __global__ void take_top_##TN##_##IN(const MagKey<T>::type* keys, const I* idx,          \
+                                                     const u64* n_ptr, u64 cap, const u64* found, u64 k, \
+                                                     I* out, u64* counters) {                           \
+        take_top<MagKey<T>::type, I>(keys, idx, n_ptr, cap, found, k, out, counters);                   \
     }
 
 #define MPS_PER_TYPE(TN, T)                                                                              \
@@ -176,6 +385,10 @@ __device__ __forceinline__ void radix_split(const T* __restrict__ x,
     extern "C" __global__ void radix_hist_k_##TN(const MagKey<T>::type* keys, i64 n, int shift,         \
                                                  u64* hist) {                                            \
         radix_hist<T, false>(0, keys, n, shift, hist);                                                   \
+    }                                                                                                    \
+    extern "C" __global__ void block_kth_##TN(const MagKey<T>::type* keys, i64 n_fixed, const u64* n_ptr, \
+                                              u64 cap, u64 need, u64* found, MagKey<T>::type* kth_out) { \
+        block_kth<MagKey<T>::type, MagKey<T>::bits>(keys, n_fixed, n_ptr, cap, need, found, kth_out);    \
     }
 
 MPS_SELECT(f32, float, i32, int)
