@@ -21,7 +21,8 @@ How the kernels work
 unsigned integer order like ``|v|``; radix passes work on these keys.
 
 ``threshold_select`` is one fused pass (``select_ge``): each thread loads 4
-elements (coalesced, independent loads in flight), compares ``|x| >= t``,
+elements (coalesced, independent loads in flight; ``select_ge_vec``: two
+16-byte vectors where ``x`` is 16-byte aligned), compares ``|x| >= t``,
 and the hits of a warp get consecutive output slots from one
 ``atomicAdd`` on a global counter (warp-aggregated: ballot, popcount,
 shuffle of the base).  Indices (and, for :func:`threshold_select_values`,
@@ -31,27 +32,31 @@ is exact after the pass, and the pass runs once more.
 
 ``topk_abs`` is exact (exactly ``k`` distinct indices, ties included):
 
-1. ``auto`` (large ``n``, ``k <= n/4``), as in the NumPy kernel: the ``r``-th
-   largest key of a hashed random sample (``r`` = expected sampled top-k
-   count + 4 sigma + 4, sorted on the device) is a threshold a little below
-   the true k-th magnitude; one pass collects the candidates ``key >= t``
-   (indices and keys, warp-aggregated as above); if there are at least ``k``
-   (and no more than the buffer) the top ``k`` of the candidates are the
-   answer (step 3).  Too few: the rank is raised and the pass retried (at
-   most :data:`MAX_RETRIES`); far too many (e.g. mostly zeros): step 2.
+1. ``sample`` (``auto`` picks it for up to about 80,000 selected entries:
+   :data:`AUTO_TABLE`, measured): the ``r``-th largest key of a hashed
+   random sample (``r`` = expected sampled top-k count + 4 sigma + 4) is a
+   threshold a little below the true k-th magnitude; one pass (16-byte
+   loads) collects the candidates ``key >= t`` (indices and keys,
+   warp-aggregated as above); the exact k-th largest candidate is found and
+   the top ``k`` written (``take_top``) without leaving the device -- the
+   sample's ``r``-th key and the candidates' k-th key each by one block
+   (``block_kth``: 11-bit radix digits in shared memory).  Four launches and
+   one device-to-host read (the candidate count: too few and the rank is
+   raised and the pass retried, at most :data:`MAX_RETRIES`; far too many,
+   e.g. mostly zeros: step 2).
 2. ``radix``: a 12-bit digit histogram of the keys (shared-memory bins,
    merged with global atomics), one block finds the bin that holds the k-th
    largest key, and a split pass appends every index whose digit is above
    that bin to the output and collects the bin's own entries as candidates.
    Two reads of ``x``, one device-to-host read of three numbers.
-3. Resolving ``need`` winners among ``c`` candidate keys: all of them when
+3. Resolving ``need`` winners among the radix path's ``c`` candidate keys: all of them when
    ``c == need``; a device sort of the keys when ``c <=``
    :data:`SORT_LIMIT`; otherwise the next 12-bit digit (radix passes on the
    candidate arrays); when the digits are used up the remaining keys are
    all equal and any ``need`` of them complete the top k.
 
 ``estimate_threshold`` gathers the keys at ``m`` hashed random positions and
-returns the ``round(k m / n)``-th largest (radix select); ``randomk`` draws on
+returns the ``round(k m / n)``-th largest (``block_kth``, one read back); ``randomk`` draws on
 the host with the NumPy kernel (so every rank, CPU or GPU, gets the same set
 from the same generator) and copies the ``k`` indices to the device;
 ``rowwise_topk_mask`` runs one block per row (8-bit radix passes in shared
@@ -203,20 +208,36 @@ def _key_dtype(dtype):
     return np.uint32 if np.dtype(dtype).itemsize == 4 else np.uint64
 
 
+#: (array module, device, aligned, n, dtype, index dtype, keys) -> (kernel, grid) of a threshold or candidate pass
+_PASS_PLANS: dict[tuple, tuple] = {}
+
+
 def _pass(w, idt, keys: bool):
-    """``(kernel, elements per thread)`` of the threshold (``keys`` False) or candidate pass over ``w``.
+    """``(kernel, grid)`` of the threshold (``keys`` False) or candidate pass over ``w``.
 
     The ``*_vec`` kernels read 16-byte vectors: used where ``w`` starts on a
-    16-byte boundary (every CuPy allocation does; a view may not).
+    16-byte boundary (every CuPy allocation does; a view may not).  Looked
+    up once per (device, alignment, size, dtypes): a call's fixed cost is
+    host time, and this pass runs every step.
     """
-    name = "select_key_ge" if keys else "select_ge"
     try:
-        ptr = w.data.ptr
+        mem = w.data
+        dev, aligned = mem.device_id, mem.ptr % 16 == 0
     except AttributeError:  # an array that is not CuPy's (the tests' emulator)
-        ptr = w.__cuda_array_interface__["data"][0]
-    if ptr % 16 == 0:
-        return _kernel("select.cu", f"{name}_vec_{_tn(w.dtype)}_{_in(idt)}"), VILP * (16 // w.dtype.itemsize)
-    return _kernel("select.cu", f"{name}_{_tn(w.dtype)}_{_in(idt)}"), 4
+        dev, aligned = 0, w.__cuda_array_interface__["data"][0] % 16 == 0
+    key = (id(_cupy()), dev, aligned, w.shape[0], w.dtype.char, np.dtype(idt).char, keys)
+    plan = _PASS_PLANS.get(key)
+    if plan is None:
+        name = "select_key_ge" if keys else "select_ge"
+        if aligned:
+            kern, per_thread = _kernel("select.cu", f"{name}_vec_{_tn(w.dtype)}_{_in(idt)}"), \
+                VILP * (16 // w.dtype.itemsize)
+        else:
+            kern, per_thread = _kernel("select.cu", f"{name}_{_tn(w.dtype)}_{_in(idt)}"), 4
+        if len(_PASS_PLANS) >= 1024:  # many sizes (layer by layer): start over rather than grow
+            _PASS_PLANS.clear()
+        plan = _PASS_PLANS[key] = (kern, _grid(w.shape[0], per_thread))
+    return plan
 
 
 def _kth(keys, dtype, need: int, found, *, kth_out=None, n_ptr=None, cap: int = 0) -> None:
@@ -276,7 +297,7 @@ def _select_ge(x, t, values: bool):
     tc = _nk._ceil_to_dtype(t, x.dtype)  # exact comparison, as the NumPy kernel
     w = _work(x)
     tw = w.dtype.type(tc)  # float16 -> float32 is exact
-    kern, per_thread = _pass(w, idt, keys=False)
+    kern, grid = _pass(w, idt, keys=False)
     cap = min(n, _cap_hint.get(n, max(4096, n // 64)))
     counter = cp.zeros(1, dtype=np.uint64)
     for attempt in range(2):
@@ -284,8 +305,8 @@ def _select_ge(x, t, values: bool):
         vals = cp.empty(cap, dtype=w.dtype) if values else None
         if attempt:
             counter.fill(0)
-        kern(_grid(n, per_thread), (BLOCK,), (w, np.int64(n), tw, _NULL, idx, _NULL if vals is None else vals,
-                                              counter, np.uint64(cap)))
+        kern(grid, (BLOCK,), (w, np.int64(n), tw, _NULL, idx, _NULL if vals is None else vals, counter,
+                              np.uint64(cap)))
         c = int(counter.get()[0])  # the one device-to-host read
         if c <= cap:
             break
@@ -407,7 +428,7 @@ def _sampled_topk(w, k: int, idt, rng):
     seed = np.uint64(int(rng.integers(0, 2**63)))
     samp = cp.empty(m, dtype=kdt)
     _kernel("select.cu", f"sample_keys_{tn}")(_grid(m), (BLOCK,), (w, np.int64(n), seed, np.int64(m), samp))
-    kern, per_thread = _pass(w, idt, keys=True)
+    kern, grid = _pass(w, idt, keys=True)
     take = _kernel("select.cu", f"take_top_{tn}_{inn}")
     found = cp.empty(6, dtype=np.uint64)  # [0:3] the sample's r-th key, [3:6] the candidates' k-th
     t_key = cp.empty(1, dtype=kdt)
@@ -421,7 +442,7 @@ def _sampled_topk(w, k: int, idt, rng):
         out = cp.empty(k, dtype=idt)
         if attempt:
             counts.fill(0)
-        kern(_grid(n, per_thread), (BLOCK,), (w, np.int64(n), t_key, cand_idx, cand_key, counts, np.uint64(cap)))
+        kern(grid, (BLOCK,), (w, np.int64(n), t_key, cand_idx, cand_key, counts, np.uint64(cap)))
         _kth(cand_key, w.dtype, k, found[3:], n_ptr=counts, cap=cap)  # the k-th largest candidate
         take(_grid(cap), (BLOCK,), (cand_key, cand_idx, counts, np.uint64(cap), found[3:], np.uint64(k), out,
                                     counts[1:]))
@@ -435,24 +456,27 @@ def _sampled_topk(w, k: int, idt, rng):
 
 
 #: ``auto``'s choice between the sampled and the radix top-k, by (size, density) band: the first row
-#: with ``n <= max_n`` and ``k / n <= max_density`` gives the method.  NOT MEASURED YET: no GPU has run
-#: these kernels; the rows reproduce the earlier fixed rule (radix for ``n <= SMALL_N`` or
-#: ``k > DENSE_FRACTION * n``, sampled otherwise).  A GPU session fills them from
-#: ``mpisparse bench select --backend cupy --sizes 65536,1000000,25000000 --densities 0.0001,0.001,0.01,0.1
-#: --repeats 20`` (the table prints every method's time, the one ``auto`` picked and a flag where it is
-#: not the fastest; see mpisparse/backend/GPU_TODO.md) and records that command here.
+#: with ``n <= max_n`` and ``k <= round(max_density * n)`` gives the method; past every row, radix.  Measured
+#: on an NVIDIA H200 (CuPy 14.2, CUDA 13, 2026-11-26, commit 789cc33) by ``mpisparse bench select
+#: --backend cupy --sizes 65536,262144,1000000,4000000,25000000 --densities 0.0001,0.001,0.01,0.1,0.3
+#: --repeats 10`` (docs/results/gpu/select-sweep-h200.csv): the sampled path is fastest up to about 80,000
+#: selected entries (one pass over ``x``; its one-block search of the candidates grows with ``k``), radix
+#: beyond (two passes over ``x``, independent of ``k``).  Every measured point is picked right.
 AUTO_TABLE: tuple[tuple[float, float, str], ...] = (
-    (SMALL_N, 1.0, "radix"),
-    (math.inf, DENSE_FRACTION, "sample"),
-    (math.inf, 1.0, "radix"),
+    (262_144, 0.3, "sample"),
+    (4_000_000, 0.01, "sample"),
+    (math.inf, 0.001, "sample"),
 )
 
 
 def auto_method(n: int, k: int) -> str:
-    """The method ``topk_abs(method="auto")`` uses for ``k`` of ``n`` (:data:`AUTO_TABLE`)."""
-    d = k / n if n else 1.0
+    """The method ``topk_abs(method="auto")`` uses for ``k`` of ``n`` (:data:`AUTO_TABLE`).
+
+    A band's density bound counts as a ``k`` as the benchmark draws it
+    (``round(density * n)``), so a measured point falls inside its own band.
+    """
     for max_n, max_density, method in AUTO_TABLE:
-        if n <= max_n and d <= max_density:
+        if n <= max_n and k <= round(max_density * n):
             return method
     return "radix"
 

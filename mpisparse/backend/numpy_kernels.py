@@ -162,6 +162,9 @@ def _ceil_to_dtype(t, dtype) -> np.generic:
     if dtype.itemsize > 8:  # long double: no wider type to compare in
         return ft(t)
     tf = float(t)
+    if dtype.itemsize >= 4 and -3.0e38 < tf < 3.0e38:  # finite in float32/64: no overflow to silence
+        tc = ft(tf)
+        return np.nextafter(tc, ft(np.inf)) if float(tc) < tf else tc
     with np.errstate(over="ignore", invalid="ignore"):
         tc = ft(tf)
         # Compare as Python floats (float64): comparing the numpy scalar with

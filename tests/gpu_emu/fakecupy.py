@@ -299,4 +299,5 @@ def install(monkeypatch) -> types.ModuleType:
     monkeypatch.setattr(ck, "_sm_count", {})
     monkeypatch.setattr(ck, "_cap_hint", {})
     monkeypatch.setattr(ck, "_TILE_PLANS", {})
+    monkeypatch.setattr(ck, "_PASS_PLANS", {})
     return mod

@@ -473,6 +473,7 @@ def _clear_kernel_caches(setattr_) -> None:
     setattr_(ck, "_sm_count", {})
     setattr_(ck, "_cap_hint", {})
     setattr_(ck, "_TILE_PLANS", {})
+    setattr_(ck, "_PASS_PLANS", {})
 
 
 def install(monkeypatch, kernels: str = "emu") -> types.ModuleType:
