@@ -211,9 +211,9 @@ def machine() -> dict[str, Any]:
     info["mpiexec"] = (_capture([_mpiexec(), "--version"]).splitlines() or ["unknown"])[0]
     info["mpi"] = _capture([sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import "
                             "MPI; print(MPI.Get_library_version().splitlines()[0])"])
-    commit = _capture(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"])
-    # a copy of the tree without its .git (a device lease): the caller names the commit
-    info["commit"] = commit if commit not in ("", "unknown") else os.environ.get("MPISPARSE_COMMIT", "unknown")
+    # a copy of the tree whose .git is missing or stale (a device lease): the caller names the commit
+    info["commit"] = os.environ.get("MPISPARSE_COMMIT") or _capture(
+        ["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"])
     return info
 
 
