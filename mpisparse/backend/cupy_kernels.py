@@ -583,27 +583,26 @@ def segment_norms(x, starts, sizes) -> np.ndarray:
     return np.sqrt(sq)
 
 
-def _seg_pass(cp, w, idt, st, sz, tkey_d, seg_ids, cap: int):
-    """One candidate launch over the tiles of the segments ``seg_ids`` (positions into ``tkey_d``).
+def _seg_layout(st: np.ndarray, sz: np.ndarray, k: np.ndarray):
+    """Host plan of one segmented top-k: per segment sample size and rank, sample/candidate/output offsets.
 
-    Returns ``(idx, keys, segs, counts)``: device candidates and the host hit
-    count of every segment of ``seg_ids``.
+    ``(m, r, soff, cap, coff, ooff)``: ``m_i``/``r_i`` as
+    :func:`mpisparse.backend.numpy_kernels.segment_plan` (``r_i >= 1`` where
+    ``m_i > 0``; ``m_i = 0``: every entry is a candidate), ``soff`` the
+    sample regions, ``cap_i`` the candidate region's size (twice the expected
+    candidates past the sampled threshold, or the whole segment), ``coff``
+    its offset, ``ooff`` the segment's offset in the output.
     """
-    lo, hi, tseg, lo_d, hi_d, tseg_d = _tile_plan(cp, st, sz, seg_ids)  # tiles carry the call's positions
-    S = tkey_d.size
-    kern = _kernel("segmented.cu", f"seg_select_key_ge_{_tn(w.dtype)}_{_in(idt)}")
-    kdt = _key_dtype(w.dtype)
-    for _ in range(2):
-        idx, keys, segs = cp.empty(cap, dtype=idt), cp.empty(cap, dtype=kdt), cp.empty(cap, dtype=np.int64)
-        counts = cp.zeros(S + 1, dtype=np.uint64)
-        kern((lo.size,), (BLOCK,), (w, lo_d, hi_d, tseg_d, tkey_d, idx, keys, segs, counts, np.int32(S),
-                                    np.uint64(cap)))
-        c = counts.get()  # the one device-to-host read of the pass
-        total = int(c[S])
-        if total <= cap:
-            break
-        cap = total  # exact now
-    return idx[:total], keys[:total], segs[:total], c[:S].astype(np.int64)[seg_ids]
+    m, r = _nk.segment_plan(sz, k)
+    r = np.where(m > 0, np.maximum(r, 1), 0)
+    soff = np.zeros(st.size + 1, dtype=np.int64)
+    np.cumsum(m, out=soff[1:])
+    frac = np.where(m > 0, (r + 1) / np.maximum(m, 1), 1.0)
+    cap = np.where(m > 0, np.minimum(sz, np.ceil(2.0 * frac * sz).astype(np.int64) + 256), sz).astype(np.int64)
+    coff = np.zeros(st.size + 1, dtype=np.int64)
+    np.cumsum(cap, out=coff[1:])
+    ooff = (np.cumsum(k) - k).astype(np.int64)
+    return m, r, soff, cap, coff, ooff
 
 
 def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None):
@@ -611,9 +610,12 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None):
 
     The NumPy kernel's contract on the device: flat indices grouped by
     segment in the given order (any order within a segment); ties any
-    choice; NaN ranks largest.  About 20 launches and two or three
-    device-to-host reads of a few numbers per segment, whatever the number of
-    segments (module docstring).  ``scratch`` is accepted for API parity.
+    choice; NaN ranks largest.  Five launches, each one block per segment
+    or per tile whatever the number of segments (module docstring), and one
+    device-to-host read of the segments' candidate counts; a segment whose
+    sampled threshold let too few or too many candidates through (rare) is
+    redone on its own by :func:`topk_abs`.  ``scratch`` is accepted for API
+    parity.
     """
     cp = _cupy()
     x = _as_1d_float(x)
@@ -629,77 +631,36 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None):
     on = np.flatnonzero(k > 0)
     st, sz, k = st[on], sz[on], k[on]
     S = on.size
-    wide = w.dtype.itemsize == 8
-    kdt = _key_dtype(w.dtype)
-    rng = _nk._get_rng(rng)
-
-    # per-segment thresholds from one hashed sample and one sort
-    m, r = _nk.segment_plan(sz, k)
-    soff = np.zeros(S + 1, dtype=np.int64)
-    np.cumsum(m, out=soff[1:])
+    tn, inn, kdt = _tn(w.dtype), _in(idt), _key_dtype(w.dtype)
+    m, r, soff, cap, coff, ooff = _seg_layout(st, sz, k)
+    st_d, sz_d, soff_d, m_d, r_d, cap_d, coff_d, k_d, ooff_d = _upload(cp, st, sz, soff, m, r, cap, coff, k, ooff)
+    lo, _, _, lo_d, hi_d, tseg_d = _tile_plan(cp, st, sz, np.arange(S, dtype=np.int64))
+    thr = cp.zeros(S, dtype=kdt)  # 0: every entry a candidate (segments without a sample)
+    found = cp.empty(2 * S, dtype=np.uint64)
     M = int(soff[-1])
-    st_d, sz_d, soff_d = _upload(cp, st, sz, soff)
-    srt = None
     if M:
-        samp = cp.empty(M, dtype=np.uint64)
-        seed = np.uint64(int(rng.integers(0, 2**63)))
-        _kernel("segmented.cu", f"seg_sample_keys_{_tn(w.dtype)}")(
+        samp = cp.empty(M, dtype=kdt)
+        seed = np.uint64(int(_nk._get_rng(rng).integers(0, 2**63)))
+        _kernel("segmented.cu", f"seg_sample_mag_{tn}")(
             _grid(M), (BLOCK,), (w, st_d, sz_d, soff_d, np.int32(S), np.int64(M), seed, samp))
-        srt = cp.sort(samp)
-
-    def thresholds(segs: np.ndarray, rr: np.ndarray):
-        """Device keys: the rr-th largest sampled key of each of ``segs`` (0: every entry a candidate)."""
-        pick = np.where((m[segs] > 0) & (rr < m[segs]), soff[segs] + m[segs] - rr, -1)
-        if srt is None or (pick < 0).all():
-            return cp.zeros(segs.size, dtype=kdt)
-        (pick_d,) = _upload(cp, pick)
-        t = srt[cp.maximum(pick_d, 0)] & np.uint64(0xFFFFFFFF)
-        if wide:
-            t = t << np.uint64(32)
-        t[pick_d < 0] = 0
-        return t.astype(kdt)
-
-    all_segs = np.arange(S, dtype=np.int64)
-    tkey = thresholds(all_segs, r)
-    frac = np.where(m > 0, (r + 1) / np.maximum(m, 1), 1.0)
-    cap = int(min(int(sz.sum()), np.ceil((frac * sz).sum() * 1.5) + 4096))
-    idx, keys, segs, cnt = _seg_pass(cp, w, idt, st, sz, tkey, all_segs, cap)
-
-    # too few candidates: lower those segments' thresholds, one more launch over them only
-    short = np.flatnonzero(cnt < k)
-    tries = 1
-    while short.size:
-        if tries >= MAX_RETRIES:
-            r[short] = m[short]  # threshold 0: every entry
-        else:
-            r[short] = np.ceil(r[short] * 2.0 * k[short] / np.maximum(cnt[short], 1)).astype(np.int64) + 16
-        tries += 1
-        tkey[cp.asarray(short)] = thresholds(short, r[short])
-        keep = np.ones(S, dtype=bool)
-        keep[short] = False
-        kept = cp.asarray(keep)[segs]
-        cap2 = int(sz[short].sum())
-        i2, k2, s2, c2 = _seg_pass(cp, w, idt, st, sz, tkey, short, cap2)
-        idx = cp.concatenate([idx[kept], i2])
-        keys = cp.concatenate([keys[kept], k2])
-        segs = cp.concatenate([segs[kept], s2])
-        cnt[short] = c2
-        short = short[c2 < k[short]]
-
-    # exact: stable sort by (segment, key); the last k_i of every segment's group
-    if wide:
-        o1 = cp.argsort(keys)
-        order = o1[cp.argsort(segs[o1])]
-    else:
-        ck = (segs.astype(np.uint64) << np.uint64(32)) | keys.astype(np.uint64)
-        order = cp.argsort(ck)
-    coff = np.cumsum(cnt) - cnt
-    kend = np.cumsum(k)
-    shift = coff + cnt - k - (kend - k)  # source position - output slot, per segment
-    kend_d, shift_d = _upload(cp, kend, shift)
-    j = cp.arange(K, dtype=np.int64)
-    src = j + shift_d[cp.searchsorted(kend_d, j, side="right")]
-    return idx[order[src]]
+        _kernel("segmented.cu", f"seg_kth_{tn}")(  # each segment's threshold: its sample's r-th largest key
+            (S,), (KTH_THREADS,), (samp, soff_d, m_d, _NULL, cap_d, r_d, thr, found))
+    C = int(coff[-1])
+    cand_idx, cand_key = cp.empty(C, dtype=idt), cp.empty(C, dtype=kdt)
+    counts = cp.zeros(S, dtype=np.uint64)
+    _kernel("segmented.cu", f"seg_select_region_{tn}_{inn}")(
+        (lo.size,), (BLOCK,), (w, lo_d, hi_d, tseg_d, thr, coff_d, cap_d, cand_idx, cand_key, counts))
+    kth = cp.empty(S, dtype=kdt)
+    _kernel("segmented.cu", f"seg_kth_{tn}")(  # each segment's k-th largest candidate
+        (S,), (KTH_THREADS,), (cand_key, coff_d, m_d, counts, cap_d, k_d, kth, found))
+    out = cp.empty(K, dtype=idt)
+    _kernel("segmented.cu", f"seg_take_{tn}_{inn}")(
+        (S,), (BLOCK,), (cand_key, cand_idx, coff_d, counts, cap_d, kth, found, k_d, ooff_d, out))
+    c = counts.get().astype(np.int64)  # the one device-to-host read
+    for s in np.flatnonzero((c < k) | (c > cap)):  # threshold too high or too low: this segment alone
+        a, o = int(st[s]), int(ooff[s])
+        out[o:o + int(k[s])] = topk_abs(w[a:a + int(sz[s])], int(k[s]), rng=rng).astype(idt) + idt(a)
+    return out
 
 
 def estimate_threshold(x, k, *, sample=0.01, rng=None) -> float:

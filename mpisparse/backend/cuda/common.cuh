@@ -53,4 +53,68 @@ __device__ __forceinline__ u64 mps_hash64(u64 z) {
     return z ^ (z >> 31);
 }
 
+// ------------------------------------------------ exact k-th largest key, one block
+#define KTH_BITS 11
+#define KTH_BINS 2048
+#define KTH_THREADS 1024
+
+// The need-th largest of keys[0:n] (1 <= need <= n) and, in *above, the
+// number of keys strictly above it, found by one block of KTH_THREADS
+// threads (every thread must call it: it has barriers): radix digits of
+// KTH_BITS from the top, each a shared-memory histogram of the keys that
+// share the digits fixed so far, and a block scan for the bin that holds the
+// need-th largest.  Only the low BITS bits of a key count (a float's sign
+// bit above a magnitude key's 31 or 63 is ignored).
+template <typename K, int BITS>
+__device__ __forceinline__ K kth_in_block(const K* __restrict__ keys, u64 n, u64 need, u64* above) {
+    __shared__ u32 hist[KTH_BINS];
+    __shared__ u64 part[KTH_THREADS];
+    __shared__ u64 s_bin, s_above;
+    const int t = threadIdx.x;
+    K prefix = (K)0, mask = (K)0;
+    u64 above_total = 0ull;
+    for (int hi = BITS; hi > 0;) {
+        const int w = hi >= KTH_BITS ? KTH_BITS : hi;
+        const int shift = hi - w;
+        const int nb = 1 << w;
+        for (int b = t; b < KTH_BINS; b += blockDim.x) hist[b] = 0u;
+        __syncthreads();
+        for (u64 i = (u64)t; i < n; i += blockDim.x) {
+            const K key = keys[i];
+            if ((key & mask) == prefix) atomicAdd(&hist[(u32)(key >> shift) & (u32)(nb - 1)], 1u);
+        }
+        __syncthreads();
+        // thread t owns bins nb-1-2t and nb-2-2t (scanned from the top)
+        const int b0 = nb - 1 - 2 * t, b1 = b0 - 1;
+        const u64 c0 = b0 >= 0 ? (u64)hist[b0] : 0ull, c1 = b1 >= 0 ? (u64)hist[b1] : 0ull;
+        part[t] = c0 + c1;
+        __syncthreads();
+        for (int off = 1; off < KTH_THREADS; off <<= 1) {  // inclusive scan, Hillis-Steele
+            const u64 v = t >= off ? part[t - off] : 0ull;
+            __syncthreads();
+            part[t] += v;
+            __syncthreads();
+        }
+        const u64 excl = part[t] - (c0 + c1);
+        if (excl < need && need <= part[t]) {
+            if (excl + c0 >= need) {
+                s_bin = (u64)b0;
+                s_above = excl;
+            } else {
+                s_bin = (u64)b1;
+                s_above = excl + c0;
+            }
+        }
+        __syncthreads();
+        prefix |= (K)s_bin << shift;
+        mask |= (K)(nb - 1) << shift;
+        need -= s_above;
+        above_total += s_above;
+        __syncthreads();  // every thread has read s_bin / s_above before the next digit rewrites them
+        hi = shift;
+    }
+    *above = above_total;
+    return prefix;
+}
+
 #endif  // MPISPARSE_COMMON_CUH

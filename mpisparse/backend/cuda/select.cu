@@ -27,9 +27,6 @@
 #define RADIX_BINS 4096
 #define ILP 4
 #define VILP 2
-#define KTH_BITS 11
-#define KTH_BINS 2048
-#define KTH_THREADS 1024
 
 // 16-byte vectors of x: four floats or two doubles per load
 template <typename T> struct Vec;
@@ -178,72 +175,26 @@ __device__ __forceinline__ void select_vec(const T* __restrict__ x, i64 n, T t, 
 
 // ------------------------------------------------ exact k-th largest key, one block
 // The need-th largest of the first n keys (n = min(*n_ptr, cap) when n_ptr is
-// given, else n_fixed), by radix digits of KTH_BITS from the top: each digit
-// is a shared-memory histogram of the keys that share the digits fixed so
-// far, and a block scan finds the bin holding the need-th largest.  Writes
-// found[0] = that key, found[1] = the number of keys strictly above it,
-// found[2] = 1, and kth_out[0] = the key (typed, for a pass that reads it);
-// when need is 0 or above n, only found[2] = 0.  Launch with KTH_THREADS threads.
+// given, else n_fixed): kth_in_block (common.cuh).  Writes found[0] = that
+// key, found[1] = the number of keys strictly above it, found[2] = 1, and
+// kth_out[0] = the key (typed, for a pass that reads it); when need is 0 or
+// above n, only found[2] = 0.  Launch with KTH_THREADS threads.
 template <typename K, int BITS>
 __device__ __forceinline__ void block_kth(const K* __restrict__ keys, i64 n_fixed, const u64* __restrict__ n_ptr,
                                           u64 cap, u64 need, u64* __restrict__ found, K* __restrict__ kth_out) {
-    __shared__ u32 hist[KTH_BINS];
-    __shared__ u64 part[KTH_THREADS];
-    __shared__ u64 s_bin, s_above;
-    const int t = threadIdx.x;
     u64 n = n_ptr != 0 ? *n_ptr : (u64)n_fixed;
     if (n_ptr != 0 && n > cap) n = cap;
     if (need < 1ull || need > n) {
-        if (t == 0) found[2] = 0ull;
+        if (threadIdx.x == 0) found[2] = 0ull;
         return;
     }
-    K prefix = (K)0, mask = (K)0;
-    u64 above_total = 0ull;
-    for (int hi = BITS; hi > 0;) {
-        const int w = hi >= KTH_BITS ? KTH_BITS : hi;
-        const int shift = hi - w;
-        const int nb = 1 << w;
-        for (int b = t; b < KTH_BINS; b += blockDim.x) hist[b] = 0u;
-        __syncthreads();
-        for (u64 i = (u64)t; i < n; i += blockDim.x) {
-            const K key = keys[i];
-            if ((key & mask) == prefix) atomicAdd(&hist[(u32)(key >> shift) & (u32)(nb - 1)], 1u);
-        }
-        __syncthreads();
-        // thread t owns bins nb-1-2t and nb-2-2t (scanned from the top)
-        const int b0 = nb - 1 - 2 * t, b1 = b0 - 1;
-        const u64 c0 = b0 >= 0 ? (u64)hist[b0] : 0ull, c1 = b1 >= 0 ? (u64)hist[b1] : 0ull;
-        part[t] = c0 + c1;
-        __syncthreads();
-        for (int off = 1; off < KTH_THREADS; off <<= 1) {  // inclusive scan, Hillis-Steele
-            const u64 v = t >= off ? part[t - off] : 0ull;
-            __syncthreads();
-            part[t] += v;
-            __syncthreads();
-        }
-        const u64 excl = part[t] - (c0 + c1);
-        if (excl < need && need <= part[t]) {
-            if (excl + c0 >= need) {
-                s_bin = (u64)b0;
-                s_above = excl;
-            } else {
-                s_bin = (u64)b1;
-                s_above = excl + c0;
-            }
-        }
-        __syncthreads();
-        prefix |= (K)s_bin << shift;
-        mask |= (K)(nb - 1) << shift;
-        need -= s_above;
-        above_total += s_above;
-        __syncthreads();  // every thread has read s_bin / s_above before the next digit rewrites them
-        hi = shift;
-    }
-    if (t == 0) {
-        found[0] = (u64)prefix;
-        found[1] = above_total;
+    u64 above = 0ull;
+    const K kth = kth_in_block<K, BITS>(keys, n, need, &above);
+    if (threadIdx.x == 0) {
+        found[0] = (u64)kth;
+        found[1] = above;
         found[2] = 1ull;
-        if (kth_out != 0) kth_out[0] = prefix;
+        if (kth_out != 0) kth_out[0] = kth;
     }
 }
 
