@@ -14,6 +14,7 @@ the step waits for it.  The printed table is
 from __future__ import annotations
 
 import time
+from collections import deque
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator
 
@@ -41,7 +42,7 @@ class PhaseTimer:
         self.recording = True
         self.sync = sync
         #: the last :data:`KEEP_STEPS` timed steps, oldest first
-        self.records: list[dict[str, float]] = []
+        self.records: deque[dict[str, float]] = deque(maxlen=KEEP_STEPS)
         #: timed steps so far, and each phase's (and ``step``'s) seconds summed over all of them
         self.steps = 0
         self.totals: dict[str, float] = {}
@@ -116,9 +117,7 @@ class PhaseTimer:
             self.steps += 1
             for k, v in record.items():
                 self.totals[k] = self.totals.get(k, 0.0) + v
-            self.records.append(record)
-            if len(self.records) > KEEP_STEPS:
-                del self.records[0]
+            self.records.append(record)  # the oldest drops out past KEEP_STEPS
 
     def means(self) -> dict[str, float]:
         """Mean seconds per timed step (all of them, not only the kept records) of each phase seen, and of

@@ -19,8 +19,10 @@ whole job, so the other ranks never wait forever in a collective.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import traceback
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -84,8 +86,18 @@ def _install_abort_hook(comm) -> None:
     previous = sys.excepthook
 
     def abort_on_exception(kind, value, tb):
-        previous(kind, value, tb)
         sys.stderr.flush()
+        if previous is sys.__excepthook__:
+            # the whole traceback in one write: the launcher forwards it before the abort tears the job
+            # down (written piece by piece, the last pieces could be lost)
+            text = "".join(traceback.format_exception(kind, value, tb))
+            try:
+                os.write(2, text.encode(errors="replace"))
+            except OSError:
+                previous(kind, value, tb)
+        else:  # the user's own hook
+            previous(kind, value, tb)
+            sys.stderr.flush()
         comm.abort(1)
 
     abort_on_exception._mpisparse_abort = True  # type: ignore[attr-defined]

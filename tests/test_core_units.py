@@ -48,7 +48,7 @@ def test_timer_records_phases_per_step_and_skips_warmup():
     with t.step():
         with t.phase("select"):
             pass
-    assert t.records == []
+    assert list(t.records) == []
     t.recording = True
     for _ in range(2):
         with t.step():
@@ -97,7 +97,7 @@ def test_timer_rejects_unknown_phase_and_disabled_is_noop():
     with t.step():
         with t.phase("select"):
             pass
-    assert t.records == [] and t.means() == {}
+    assert list(t.records) == [] and t.means() == {}
     assert "exchange_values" in PHASES and "server_apply" in PHASES
 
 

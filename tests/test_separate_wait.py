@@ -24,7 +24,7 @@ def test_carve_moves_time_from_the_open_phase_to_wait():
     t.recording = False
     with t.step():
         t.carve("wait", 1.0)
-    assert t.records == [rec]
+    assert list(t.records) == [rec]
     with pytest.raises(ValueError, match="unknown phase 'idle'"):
         t.carve("idle", 0.1)
 

@@ -55,7 +55,7 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
     """
     from ..bench.runs import RunFailed
     from ..launch import under_mpi_launcher
-    from ..reproduce.base import (Context, Report, Skip, busy_note, claims_markdown, claims_summary,
+    from ..reproduce.base import (Context, Report, Skip, busy_note, busy_now, claims_markdown, claims_summary,
                                   format_report, write_report_json)
     from ..reproduce.registry import TARGETS, get_target
 
@@ -88,7 +88,7 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
                       max_world=max_world, emucluster=emucluster, stream=verbose, echo=click.echo,
                       timing=not no_timing)
         t0 = time.perf_counter()
-        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        load = busy_now()  # what runs besides us now, not a previous target's finished jobs
         try:
             t.check()
             rep = t.run(ctx)

@@ -30,6 +30,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import textwrap
 import time
 from dataclasses import asdict, dataclass, field
@@ -495,18 +496,40 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-__all__ += ["busy_note", "claims_summary", "format_report", "write_report_json", "holds_text", "NOT_TIMED",
-            "unexplained", "untimed", "judge_times"]
+__all__ += ["busy_note", "busy_now", "others_running", "claims_summary", "format_report", "write_report_json",
+            "holds_text", "NOT_TIMED", "unexplained", "untimed", "judge_times"]
+
+
+def others_running(loadavg: str) -> int:
+    """Processes running now besides the reader, from the text of ``/proc/loadavg`` (its fourth field,
+    ``running/total``, counts the reader itself)."""
+    return max(0, int(loadavg.split()[3].split("/")[0]) - 1)
+
+
+def busy_now(samples: int = 5, interval: float = 0.1) -> float:
+    """The median over ``samples`` readings, ``interval`` seconds apart, of :func:`others_running`: the
+    machine's load at this moment.  (The 1-minute load average would still count the previous target's
+    finished jobs.)  Where there is no ``/proc/loadavg``, the 1-minute load average."""
+    readings = []
+    for i in range(samples):
+        try:
+            with open("/proc/loadavg") as f:
+                readings.append(others_running(f.read()))
+        except (OSError, IndexError, ValueError):
+            return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        if i + 1 < samples:
+            time.sleep(interval)
+    return float(statistics.median(readings))
 
 
 def busy_note(load: float, cores: int, claims: Sequence[Claim]) -> str | None:
-    """A report note when the machine was busy as a target with time claims started: the 1-minute load
-    average ``load`` (other processes' work, and a previous target's jobs) above its ``cores``.  Such runs
-    widen the repeats' spread, so a time claim an idle machine separates may read 'noise'; None otherwise."""
+    """A report note when the machine was busy as a target with time claims started: ``load``
+    (:func:`busy_now`: other processes running) above its ``cores``.  Such runs widen the repeats'
+    spread, so a time claim an idle machine separates may read 'noise'; None otherwise."""
     if load <= cores or not any("noise band" in c.note for c in claims):
         return None
-    return (f"the machine was busy when this target started: 1-minute load average {load:.1f} on {cores} cores "
-            "(other processes share the cores with the jobs), so the time claims' repeats spread wider and a "
+    return (f"the machine was busy when this target started: {load:g} other processes running on {cores} cores "
+            "(they share the cores with the jobs), so the time claims' repeats spread wider and a "
             "difference an idle machine separates may read 'noise'; rerun on an idle machine, or with "
             "--no-timing")
 

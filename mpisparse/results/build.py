@@ -81,10 +81,13 @@ def timing_fields(reduced: dict[str, dict[str, float]]) -> dict[str, Any]:
             "step_seconds": step["max"], "step_seconds_mean_over_ranks": step["mean"]}
 
 
-def _reduce_steps(step_max: np.ndarray, names: Sequence[str], over_steps: str) -> dict[str, float]:
-    """``{name: reduction over steps}`` of a (steps x names) array of each step's max over ranks."""
+def _check_over_steps(over_steps: str) -> None:
     if over_steps not in ("mean", "median"):
         raise ValueError(f"over_steps is {over_steps!r}; allowed: mean, median")
+
+
+def _reduce_steps(step_max: np.ndarray, names: Sequence[str], over_steps: str) -> dict[str, float]:
+    """``{name: reduction over steps}`` of a (steps x names) array of each step's max over ranks."""
     reduce = np.mean if over_steps == "mean" else np.median
     return {p: float(reduce(step_max[:, i])) for i, p in enumerate(names)}
 
@@ -101,10 +104,9 @@ def slowest_per_step(records: Sequence[Sequence[dict[str, float]]], *,
     took a rank's core away does not move it), from every rank's per-step records
     (:attr:`mpisparse.timing.PhaseTimer.records`).  None without timed steps (or ranks that disagree on how
     many there were).  The reference for :func:`slowest_per_step_over_ranks`, which runs it distributed."""
+    _check_over_steps(over_steps)
     steps = {len(r) for r in records}
     if not records or steps == {0} or len(steps) != 1:
-        if over_steps not in ("mean", "median"):
-            raise ValueError(f"over_steps is {over_steps!r}; allowed: mean, median")
         return None
     names = _step_names({k for r in records for d in r for k in d})
     step_max = np.max([[[d.get(p, 0.0) for p in names] for d in r] for r in records], axis=0)
@@ -116,6 +118,8 @@ def slowest_per_step_over_ranks(comm, records: Sequence[dict[str, float]],
     """:func:`slowest_per_step` of this rank's ``records`` and the other ranks', for each of ``over_steps``,
     without gathering the records: the ranks agree on the step count and the phase names, then one
     element-wise max over ranks of a (steps x phases) array, whose size does not grow with the ranks."""
+    for o in over_steps:
+        _check_over_steps(o)
     meta = comm.allgather_obj((len(records), sorted({k for d in records for k in d})))
     if {n for n, _ in meta} in ({0}, set()) or len({n for n, _ in meta}) != 1:
         return [None for _ in over_steps]

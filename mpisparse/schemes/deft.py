@@ -342,20 +342,22 @@ class Deft(Scheme):
                 norms = layer_norms(acc, self.layers, self._spans)
             ks = local_k(self.layer_sizes, norms, self.k)  # Alg. 3, own norms
             cycle = leader(t, W)  # Alg. 4 l.1
-            if self._fixed_parts is None and rank == cycle:  # Alg. 4 l.3 (eq3: the bins read k)
-                self._bins[...] = encode_bins(bin_pack(self.layer_sizes, ks, W, PACK_COST, PACK_LAYER_OVERHEAD), len(self.layers))  # l.4-15
+            # eq3: the bins read this step's k, so the leader packs them (Alg. 4 l.3-15) and broadcasts them;
+            # otherwise every rank packed the same bins at construction (the leader's, whatever its norms)
+            repack = self._fixed_parts is None
+            if repack and rank == cycle:
+                packed = bin_pack(self.layer_sizes, ks, W, PACK_COST, PACK_LAYER_OVERHEAD)
+                self._bins[...] = encode_bins(packed, len(self.layers))
             s1 = time.perf_counter()
 
-        if self._fixed_parts is None:
+        if repack:
             with self.phase("exchange_indices"):
                 self.comm.bcast(self._bins, root=cycle)  # Alg. 4 l.16
 
         with self.phase("select"):
             s2 = time.perf_counter()
-            if self._fixed_parts is None:
-                part = decode_bins(self._bins, W)[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
-            else:  # the bins every rank packed at construction: the leader's, whatever its norms
-                part = self._fixed_parts[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
+            parts = decode_bins(self._bins, W) if repack else self._fixed_parts
+            part = parts[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
             idx = select_layers(acc, self.layers, ks, part, self._scratch, self._spans,  # Alg. 1 l.6 = Alg. 5
                                 self.select_kernel)
             backend.synchronize(idx)
@@ -382,7 +384,7 @@ class Deft(Scheme):
         self.last_select_seconds = (s1 - s0) + (s3 - s2)
         self.last_topk_seconds = s3 - s2
         self.last_leader = cycle
-        self.last_bins = self._bins if self._fixed_parts is not None else self._bins.copy()
+        self.last_bins = self._bins.copy() if repack else self._bins
         self.last_ks = ks
         self.last_own_indices = idx
         self._last_indices = all_idx
