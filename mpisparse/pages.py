@@ -89,10 +89,12 @@ def release_llvm_pages(env=os.environ) -> int:
     return done
 
 
-def settle(scheme) -> int:
-    """Before a rank's first step: load ``scheme``'s compiled loops (its ``warm_up``, where it has one), then
-    :func:`release_llvm_pages`; returns the bytes released.  Results do not change."""
-    warm = getattr(scheme, "warm_up", None)
-    if warm is not None:
-        warm()
+def settle(*schemes) -> int:
+    """Before a rank's first step: load every one of ``schemes``' compiled loops (its ``warm_up``, where it
+    has one; ``DistributedOptimizer(overlap=True)`` has one scheme per bucket), then
+    :func:`release_llvm_pages` once; returns the bytes released.  Results do not change."""
+    for scheme in schemes:
+        warm = getattr(scheme, "warm_up", None)
+        if warm is not None:
+            warm()
     return release_llvm_pages()

@@ -129,7 +129,6 @@ class _DistributedMixin:
         self._grad_views = [self._flat[s.offset:s.end].view(s.shape) for s in self.layout.layers]
         self.buffer = backend.as_array(self._flat)
         self.scheme.use_array_module(backend.array_module(self.buffer))
-        settle(self.scheme)  # its compiled loops loaded now, LLVM's code pages unmapped after (mpisparse.pages)
         self._flag = np.zeros(3, dtype=np.int32)  # [non-finite, active (not joined), rank joining now]
         self._active, self._joining_now = 1, -1
         self.skipped_steps = 0
@@ -147,6 +146,8 @@ class _DistributedMixin:
             self._agg = torch.zeros_like(self._flat)
             self.overlap = BucketExchange(self, scheme, density, memory=memory, seed=seed,
                                           scheme_options=scheme_options, bucket_cap_mb=bucket_cap_mb)
+        # every scheme's compiled loops loaded now (the buckets' too), LLVM's code pages unmapped after
+        settle(self.scheme, *(b.scheme for b in self.overlap.buckets) if self.overlap else ())
         if broadcast:
             self.broadcast_parameters()
 

@@ -68,6 +68,9 @@ def test_settle_calls_the_schemes_warm_up_then_releases(monkeypatch):
             calls.append("warm")
 
     assert pages.settle(Scheme()) == 7 and calls == ["warm", "release"]
+    calls.clear()
+    assert pages.settle(Scheme(), object(), Scheme()) == 7  # a scheme per bucket: every one, one release
+    assert calls == ["warm", "warm", "release"]
     assert pages.settle(object()) == 7  # no warm_up: only the release
 
 

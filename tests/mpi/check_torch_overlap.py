@@ -17,6 +17,10 @@ import mpisparse.torch as hvd
 hvd.init()
 R, W = hvd.rank(), hvd.size()
 
+SETTLED = []  # the schemes each optimizer loaded its compiled loops for (mpisparse.pages.settle)
+_settle = hvd.settle
+hvd.settle = lambda *schemes: (SETTLED.append(schemes), _settle(*schemes))[1]
+
 
 def model_and_data():
     torch.manual_seed(0)
@@ -32,6 +36,8 @@ def train(overlap, scheme, density, **opts):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
                                    named_parameters=model.named_parameters(), scheme=scheme, density=density,
                                    overlap=overlap, bucket_cap_mb=0.0004, **opts)  # 100 floats: 3 buckets
+    if overlap:  # every bucket's scheme warmed up too, before the first step
+        assert SETTLED[-1] == (opt.scheme, *(b.scheme for b in opt.overlap.buckets)), SETTLED[-1]
     trace = []
     for x, y in batches:
         opt.zero_grad()
