@@ -120,7 +120,7 @@ KERNEL_SOURCES = ("select.cu", "rowwise.cu", "scatter.cu", "segmented.cu")
 BLOCK = 256
 #: 16-byte loads per thread per iteration of the ``*_vec`` passes (``VILP`` in ``cuda/select.cu``).
 VILP = 2
-#: Threads of the one-block k-th key search (``KTH_THREADS`` in ``cuda/select.cu``).
+#: Threads of the one-block k-th key search (``KTH_THREADS`` in ``cuda/common.cuh``).
 KTH_THREADS = 1024
 #: Blocks per SM at most for the grid-stride loops.
 BLOCKS_PER_SM = 8

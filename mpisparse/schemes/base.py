@@ -97,6 +97,21 @@ class CollectiveScheme(SchemeBase):
                 self._out = self.layout.zeros(xp=self.xp)
         return self._out
 
+    def write_output(self, idx, vals, scale: float, last):
+        """The output vector holding ``vals * scale`` at ``idx`` and zero elsewhere.  It is reused step to
+        step, so only the previous step's set ``last`` is cleared (all of it when ``last`` is None, nothing
+        when the vector was just made); ``idx`` must not repeat (a scheme whose gathered sets overlap sums
+        them with :func:`scatter_sum`)."""
+        fresh = self._out is None
+        out = self.output()
+        if not fresh:
+            if last is None:
+                out.fill(0)
+            else:
+                out[last] = 0
+        out[idx] = vals * out.dtype.type(scale)
+        return out
+
     def warm_up(self) -> tuple[str, ...]:
         """Load the compiled loops a host step will call (:attr:`compiled_kernels`) on tiny arrays, so that
         numba's loading of them (about 56 MiB; 22 of it kept after :func:`mpisparse.pages.settle`) happens

@@ -347,15 +347,7 @@ class CLTK(Scheme):
             total = comm.allreduce(local)  # Alg. 1 l.8-11, eq. 1: reduce, not gather
         with self.phase("update"):
             self.memory.update(acc, idx)  # Alg. 1 l.7, eq. 5
-            fresh = self._out is None
-            out = self.output()  # Alg. 1 l.10: g = (1/W) sum_i g_i
-            if fresh:  # made zero: nothing to clear
-                pass
-            elif self._out_indices is None:
-                out.fill(0)
-            else:  # the output holds only the last step's set: zero it, not the whole vector
-                out[self._out_indices] = 0
-            out[idx] = total * out.dtype.type(1.0 / comm.size)
+            out = self.write_output(idx, total, 1.0 / comm.size, self._out_indices)  # Alg. 1 l.10: (1/W) sum
         self.leader, self.last_indices = leader, idx
         self._out_indices = idx.copy()  # a non-leader's idx is the receive buffer the next Bcast overwrites
         self._acc_ref, self._local_vals, self._selected = acc, local, k

@@ -371,14 +371,7 @@ class Deft(Scheme):
             self.comm.allreduce(vals, vals)  # Alg. 1 l.9
 
         with self.phase("update"):
-            fresh = self._out is None
-            out = self.output()
-            if not fresh:  # the output holds only the last step's union: zero it, not the whole vector
-                if self._last_indices is None:
-                    out.fill(0)
-                else:
-                    out[self._last_indices] = 0
-            out[all_idx] = vals * np.float32(1.0 / W)  # Alg. 1 l.10: (1/n) g_t
+            out = self.write_output(all_idx, vals, 1.0 / W, self._last_indices)  # Alg. 1 l.10: (1/n) g_t
             self.memory.update(acc, all_idx)  # Alg. 1 l.11-12: acc[idx_t] = 0; e = acc
 
         self.last_select_seconds = (s1 - s0) + (s3 - s2)

@@ -238,15 +238,7 @@ class GTopK(Scheme):
             else:  # "unfold_send", step 5
                 self._send_set(idx, vals, peer)
         with self.phase("update"):
-            fresh = self._out is None
-            out = self.output()  # step 6
-            if fresh:  # made zero: nothing to clear
-                pass
-            elif self.global_indices is None:
-                out.fill(0)
-            else:  # the output holds only the last step's global set: zero it, not the whole vector
-                out[self.global_indices] = 0
-            out[idx] = vals * np.float32(1.0 / comm.size)
+            out = self.write_output(idx, vals, 1.0 / comm.size, self.global_indices)  # step 6
             # step 7: local top-k entries that made the global set were sent
             self.memory.update(acc, local[in_sorted(local, idx)])
         self.global_indices, self.local_indices = idx, local

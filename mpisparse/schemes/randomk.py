@@ -33,15 +33,7 @@ class RandomK(Scheme):
             self.comm.allreduce(vals, vals)
         with self.phase("update"):
             self.memory.update(acc, idx)
-            fresh = self._out is None
-            out = self.output()
-            if fresh:  # made zero: nothing to clear
-                pass
-            elif self._out_indices is None:
-                out.fill(0)
-            else:  # the output holds only the last step's set: zero it, not the whole vector
-                out[self._out_indices] = 0
-            out[idx] = vals * np.float32(1.0 / self.comm.size)
+            out = self.write_output(idx, vals, 1.0 / self.comm.size, self._out_indices)
         self._out_indices = idx
         return out
 
