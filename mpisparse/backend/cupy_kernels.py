@@ -67,15 +67,16 @@ tiles of at most :data:`SEG_TILE` elements and one block handles one tile, so
 each pass is one launch whatever the number of segments.
 ``segment_norms``: one launch (per-tile float64 sums of squares), one
 device-to-host read of the tile sums, summed per segment on the host in a
-fixed order.  ``segment_topk_abs``: the NumPy kernel's algorithm
-(:mod:`mpisparse.backend.numpy_kernels`, segmented section) on the device --
-one sampling launch (hashed positions, combined keys ``segment << 32 | key``),
-one ``cupy.sort``, the thresholds gathered on the device, one candidate
-launch (warp-aggregated appends, per-segment counts), one device-to-host read
-of the counts (retries for short segments only, as in the NumPy kernel), then
-one stable ``cupy.argsort`` of the candidates by (segment, key) and one gather
-of the last ``k_i`` of every segment's group.  About 20 launches in all,
-independent of the number of segments.
+fixed order.  ``segment_topk_abs``: the NumPy kernel's sampling
+(:func:`mpisparse.backend.numpy_kernels.segment_plan`) with the selection
+on the device -- one sampling launch (hashed positions, each segment's keys
+in its own region), one block per segment for its threshold (the sample's
+``r_i``-th key, ``seg_kth``), one candidate launch over the tiles into
+per-segment regions (warp-aggregated appends, per-segment counts), one
+block per segment for its candidates' exact ``k_i``-th key (``seg_kth``)
+and one writing its ``k_i`` (``seg_take``), then one device-to-host read of
+the counts; a segment with too few or too many candidates is redone alone
+by :func:`topk_abs`.  Five launches, independent of the number of segments.
 
 Helpers for the sparse exchanges (no NumPy counterpart in the kernel API):
 :func:`scatter_sum` (the contract of :func:`mpisparse.schemes.base.scatter_sum`,
