@@ -41,8 +41,7 @@ from ..bench.runs import SubRun, display_command, emucluster_status, run_subrun
 
 __all__ = ["Claim", "Context", "Report", "Target", "Skip", "SIZES", "TIME_MARGIN", "SPREAD_FACTOR", "TimeVerdict",
            "all_hold", "format_claims", "claims_markdown", "fmt_series", "machine_info", "median", "median_error",
-           "noise_rule",
-           "spread", "time_claim", "time_less", "time_verdict"]
+           "median_of_repeats", "noise_rule", "samples", "spread", "time_claim", "time_less", "time_verdict"]
 
 SIZES = ("full", "quick", "tiny")
 
@@ -93,6 +92,23 @@ def median(values: Sequence[float]) -> float:
         raise ValueError("median of no values")
     m = len(v) // 2
     return v[m] if len(v) % 2 else (v[m - 1] + v[m]) / 2
+
+
+def median_of_repeats(rows: Sequence[dict[str, Any]], keys: Sequence[str]) -> dict[str, Any]:
+    """The first of ``rows`` (the same point measured by repeated jobs) with each of ``keys`` it has
+    replaced by the median over the rows; the repeats are kept as ``<key>_samples`` (:func:`samples`)."""
+    row = dict(rows[0])
+    if len(rows) > 1:
+        for key in (k for k in keys if k in row):
+            row[key + "_samples"] = [r[key] for r in rows]
+            row[key] = median(row[key + "_samples"])
+    return row
+
+
+def samples(row: dict[str, Any], key: str) -> list[float]:
+    """The repeated measurements of ``key`` in a row of :func:`median_of_repeats` (its one value if not
+    repeated)."""
+    return list(row.get(key + "_samples", [row[key]]))
 
 
 def _values(x: float | Sequence[float]) -> list[float]:
@@ -506,20 +522,20 @@ def others_running(loadavg: str) -> int:
     return max(0, int(loadavg.split()[3].split("/")[0]) - 1)
 
 
-def busy_now(samples: int = 5, interval: float = 0.1) -> float:
-    """The median over ``samples`` readings, ``interval`` seconds apart, of :func:`others_running`: the
+def busy_now(readings: int = 5, interval: float = 0.1) -> float:
+    """The median over ``readings`` readings, ``interval`` seconds apart, of :func:`others_running`: the
     machine's load at this moment.  (The 1-minute load average would still count the previous target's
     finished jobs.)  Where there is no ``/proc/loadavg``, the 1-minute load average."""
-    readings = []
-    for i in range(samples):
+    seen = []
+    for i in range(readings):
         try:
             with open("/proc/loadavg") as f:
-                readings.append(others_running(f.read()))
+                seen.append(others_running(f.read()))
         except (OSError, IndexError, ValueError):
             return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        if i + 1 < samples:
+        if i + 1 < readings:
             time.sleep(interval)
-    return float(statistics.median(readings))
+    return float(statistics.median(seen))
 
 
 def busy_note(load: float, cores: int, claims: Sequence[Claim]) -> str | None:

@@ -39,8 +39,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..results import Column, format_rows
-from .base import (DCT, TRAINING, Claim, Context, Report, Target, fmt_series, median, noise_rule, time_claim,
-                   time_verdict)
+from .base import (DCT, TRAINING, Claim, Context, Report, Target, fmt_series, median_of_repeats,
+                   noise_rule, samples, time_claim, time_verdict)
 from .registry import register
 
 SPARSITY_95 = 0.05  # density of "95% sparsity"
@@ -108,19 +108,8 @@ def lifespan_rows(jobs: dict[int, list]) -> list[dict[str, Any]]:
     rows = []
     for L, results in sorted(jobs.items()):
         repeats = [results] if results and isinstance(results[0], dict) else list(results)
-        each = [_lifespan_row(L, r) for r in repeats]
-        row = dict(each[0])
-        if len(each) > 1:
-            for key in LIFESPAN_TIMES + ("density_actual",):
-                samples = [e[key] for e in each]
-                row[key] = median(samples)
-                row[key + "_samples"] = samples
-        rows.append(row)
+        rows.append(median_of_repeats([_lifespan_row(L, r) for r in repeats], LIFESPAN_TIMES + ("density_actual",)))
     return rows
-
-
-def _samples(row: dict[str, Any], key: str) -> list[float]:
-    return list(row.get(key + "_samples", [row[key]]))
 
 
 def _l1_claim(r: dict[str, Any], native: dict[str, Any] | None) -> Claim:
@@ -148,7 +137,7 @@ def _l1_claim(r: dict[str, Any], native: dict[str, Any] | None) -> Claim:
     return time_claim(
         "Fig. 8a", "With L=1 training takes 11% more time than the baseline with no compression (the "
                    "copy-and-sort that computes the top-K threshold).",
-        "+11% (L=1 vs no compression)", measured, _samples(r, "dense_ms"), _samples(r, "dct_ms"), note=note)
+        "+11% (L=1 vs no compression)", measured, samples(r, "dense_ms"), samples(r, "dct_ms"), note=note)
 
 
 def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]],
@@ -185,7 +174,7 @@ def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]],
         c = time_claim(
             "Fig. 8a", "Increasing L to 1000 trains 23% faster than the baseline with no compression.",
             "23% faster (L=1000)", f"{100 * (1 / r['ratio'] - 1):+.0f}% speed vs dense at L={L} (density drifts "
-                                   f"to {r['density_actual']:.3f})", _samples(r, "dct_ms"), _samples(r, "dense_ms"),
+                                   f"to {r['density_actual']:.3f})", samples(r, "dct_ms"), samples(r, "dense_ms"),
             note=f"a = DCT's step time at L={L}, b = dense's (ms); any gain counts (the 23% is the paper's model "
                  "and network)")
         if c.holds is False:
@@ -199,7 +188,7 @@ def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]],
         c = time_claim(
             "Fig. 8a", "A longer life-span L removes the cost of the top-K sort.",
             "L=1 slower than L=1000", f"select {a['select_ms']:.1f} ms (L=1) vs {b['select_ms']:.1f} ms "
-                                      f"(L={min(big)})", _samples(b, "select_ms"), _samples(a, "select_ms"),
+                                      f"(L={min(big)})", samples(b, "select_ms"), samples(a, "select_ms"),
             note=f"the mechanism behind Fig. 8a, not a number in the paper; a = DCT's select time at L={min(big)}, "
                  "b = at L=1 (ms)")
         if c.holds is False:
@@ -209,7 +198,7 @@ def evaluate(trows: Sequence[dict[str, Any]], lrows: Sequence[dict[str, Any]],
         claims.append(c)
     if 1000 in by_l and 10000 in by_l:
         a, b = by_l[1000], by_l[10000]
-        gain = time_verdict(_samples(b, "dct_ms"), _samples(a, "dct_ms"))  # L=10000 faster than L=1000?
+        gain = time_verdict(samples(b, "dct_ms"), samples(a, "dct_ms"))  # L=10000 faster than L=1000?
         claims.append(Claim(
             "Fig. 8a", "Increasing L from 1000 to 10000 does not provide any additional gain.", "no further gain",
             f"{a['dct_ms']:.1f} ms (L=1000) vs {b['dct_ms']:.1f} ms (L=10000)", gain.holds is not True,

@@ -46,7 +46,8 @@ import importlib.util
 from typing import Any, Sequence
 
 from ..results import Column, format_rows
-from .base import DEFT, Context, Report, Target, judge_times, median, paired_time_claim, time_claim
+from .base import (DEFT, Context, Report, Target, judge_times, median_of_repeats, paired_time_claim,
+                   samples, time_claim)
 from .registry import register
 
 DENSITY = 0.001
@@ -85,24 +86,12 @@ TIMES = ("compensate", "select", "selection", "exchange_indices", "exchange_valu
 
 def median_rows(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per scheme from repeated runs: the median of each time, the repeats kept as ``<time>_samples``."""
-    out = []
-    for rows in zip(*runs):
-        row = dict(rows[0])
-        for key in (k for k in TIMES if k in row):
-            samples = [r[key] for r in rows]
-            row[key] = median(samples)
-            row[key + "_samples"] = samples
-        out.append(row)
-    return out
-
-
-def _samples(row: dict[str, Any], key: str) -> list[float]:
-    return list(row.get(key + "_samples", [row[key]]))
+    return [median_of_repeats(rows, TIMES) for rows in zip(*runs)]
 
 
 def _others(by: dict[str, dict[str, Any]], key: str) -> dict[str, list[float]]:
     """The repeats of ``key`` of topk and of cltk (DEFT's time must be below each)."""
-    return {s: _samples(by[s], key) for s in ("topk", "cltk")}
+    return {s: samples(by[s], key) for s in ("topk", "cltk")}
 
 
 SCHEMES3 = ("topk", "cltk", "deft")
@@ -122,8 +111,8 @@ def _claim(paired: bool, by: dict[str, dict[str, Any]], key: str, *args, note: s
     """DEFT's ``key`` time below topk's and cltk's: job by job where ``paired`` (the paper-primitive jobs, whose
     whole-vector torch.topk makes the machine's load swing from job to job), else medians of the repeats."""
     if paired:
-        return paired_time_claim(*args, _samples(by["deft"], key), _others(by, key), note=note, a_name="DEFT's time")
-    return time_claim(*args, _samples(by["deft"], key), _others(by, key), note=note, a_name="DEFT's time")
+        return paired_time_claim(*args, samples(by["deft"], key), _others(by, key), note=note, a_name="DEFT's time")
+    return time_claim(*args, samples(by["deft"], key), _others(by, key), note=note, a_name="DEFT's time")
 
 
 _NATIVE_SELECTION = (

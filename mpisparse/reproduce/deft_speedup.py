@@ -31,16 +31,12 @@ from typing import Any, Sequence
 
 from ..results import Column, format_rows
 from .base import (DEFT, Claim, Context, Report, Target, TimeVerdict, all_hold, fmt_series, judge_times,
-                   median, noise_rule, time_verdict)
+                   median, noise_rule, samples, time_verdict)
 from .registry import register
 
 DENSITY = 0.001
 #: the fraction of the linear-time bound W / imbalance the measured speedup must reach
 BOUND_FRACTION = 0.8
-
-
-def _samples(row: dict[str, Any], key: str) -> list[float]:
-    return list(row.get(key + "_samples", [row[key]]))
 
 
 def _paired(a: Sequence[float], b: Sequence[float]) -> list[float]:
@@ -57,13 +53,13 @@ def _gain(r: dict[str, Any], q: dict[str, Any]) -> TimeVerdict:
     the ratio of the two DEFT selection times: the top-k call's own noise
     cancels.
     """
-    return time_verdict([1.0], _paired(_samples(r, "speedup_measured"), _samples(q, "speedup_measured")))
+    return time_verdict([1.0], _paired(samples(r, "speedup_measured"), samples(q, "speedup_measured")))
 
 
 def _to_bound(row: dict[str, Any]) -> TimeVerdict:
     """"The speedup is above ``BOUND_FRACTION x W / imbalance``": speedup over that bound, job by job, against 1."""
-    bound = [BOUND_FRACTION * row["world_size"] / i for i in _samples(row, "imbalance")]
-    return time_verdict([1.0], _paired(bound, _samples(row, "speedup_measured")))
+    bound = [BOUND_FRACTION * row["world_size"] / i for i in samples(row, "imbalance")]
+    return time_verdict([1.0], _paired(bound, samples(row, "speedup_measured")))
 
 
 def _linear_claim(rows, sp, ws, rel, paper_rows) -> Claim:
@@ -72,7 +68,7 @@ def _linear_claim(rows, sp, ws, rel, paper_rows) -> Claim:
     native = [r for r in rows if r["world_size"] > 1]
     judged = sorted(paper_rows or rows, key=lambda r: r["world_size"])
     multi = [r for r in judged if r["world_size"] > 1]
-    lv = [time_verdict([float(r["world_size"])], _samples(r, "speedup_measured")) for r in multi]
+    lv = [time_verdict([float(r["world_size"])], samples(r, "speedup_measured")) for r in multi]
     lin = all_hold(lv)
     native_text = ", ".join(f"{r['speedup_measured'] / r['world_size']:.2f} W (W={r['world_size']})" for r in native)
     if paper_rows:
@@ -189,9 +185,9 @@ def median_rows(jobs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]
     for rows in zip(*jobs):
         row = {k: v for k, v in rows[0].items() if k != "per_rank_seconds"}
         for key in KEPT:
-            samples = [float(r[key]) for r in rows]
-            row[key] = median(samples)
-            row[key + "_samples"] = samples
+            vals = [float(r[key]) for r in rows]
+            row[key] = median(vals)
+            row[key + "_samples"] = vals
         out.append(row)
     return out
 

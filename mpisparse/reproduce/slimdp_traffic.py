@@ -26,7 +26,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..results import Column, format_rows
-from .base import SLIM_DP, Claim, Context, Report, Target, all_hold, fmt_series, judge_times, noise_rule, time_verdict
+from .base import (SLIM_DP, Claim, Context, Report, Target, all_hold, fmt_series, judge_times, noise_rule, samples,
+                   time_verdict)
 from .registry import register
 
 TRAFFIC_TOLERANCE = 0.02  # relative, for (2 alpha - beta)
@@ -63,10 +64,6 @@ def traffic_rows(jobs: Sequence[tuple[str, float, float, list[dict[str, Any]]]])
     return rows
 
 
-def _samples(row: dict[str, Any], key: str) -> list[float]:
-    return list(row.get(key + "_samples", [row[key]]))
-
-
 def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
     claims = []
     if rows:
@@ -80,7 +77,7 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
             note=f"holds = push ratio within {TRAFFIC_TOLERANCE:.0%} of 2 alpha - beta"
                  + ("" if ok else ". Not so here: the byte model counts more than the core values and the explorer's "
                                   "<key, value> pairs (e.g. the core keys were sent again: the key cache missed)")))
-        sv = [time_verdict(_samples(r, "tcomm_slim_ms"), _samples(r, "tcomm_plump_ms")) for r in rows]
+        sv = [time_verdict(samples(r, "tcomm_slim_ms"), samples(r, "tcomm_plump_ms")) for r in rows]
         saved = all_hold(sv)
         claims.append(Claim(
             "Table 1", "Slim-DP saves about 55% (GoogLeNet) and 70% (VGG-16) of Plump-DP's communication time at "
@@ -96,7 +93,7 @@ def evaluate(rows: Sequence[dict[str, Any]]) -> list[Claim]:
                     "the link is not the bottleneck (shared memory, no emulated cluster) and the server's work on "
                     "the core and explorer sets dominates"),
             within_noise=saved is None))
-        fv = [time_verdict(_samples(r, "step_slim_ms"), _samples(r, "step_plump_ms")) for r in rows]
+        fv = [time_verdict(samples(r, "step_slim_ms"), samples(r, "step_plump_ms")) for r in rows]
         faster = all_hold(fv)
         claims.append(Claim(
             "Table 2 (Speed_d)", "Slim-DP processes the same number of mini-batches faster than Plump-DP.",
