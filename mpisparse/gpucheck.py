@@ -14,10 +14,13 @@ present (and mpisparse importable).  In one run it executes
    data-parallel scheme);
 6. ``bench step -n 4 --device cuda --hierarchical`` (2 emulated hosts of 2
    ranks: the two-level collectives on device buffers);
-7. ``bench select --backend cupy`` over sizes and densities (which exact
-   top-k method is faster where: ``cupy_kernels.AUTO_TABLE``);
-8. a short ``train -n 2`` of every data-parallel scheme on the device and on
+7. ``bench step -n 16`` on the host's cores (each scheme's peak resident
+   memory per rank against 4.5 gradient buffers);
+8. ``torchrun -m mpisparse train --device cuda`` (torch.distributed);
+9. a short ``train -n 2`` of every data-parallel scheme on the device and on
    the CPU with the same seed (test accuracy within 0.5 points);
+10. ``bench select --backend cupy`` over sizes and densities (which exact
+    top-k method is faster where: ``cupy_kernels.AUTO_TABLE``);
 
 and writes ``OUT_DIR/gpu-check.json`` and ``OUT_DIR/gpu-check.md``: the
 device, driver, CUDA, MPI, commit and date, each command with its exit code
@@ -44,8 +47,10 @@ from typing import Any, Sequence
 
 __all__ = ["Check", "main", "plan", "summarise", "to_markdown"]
 
-#: accuracy (percentage points) a GPU run of deft may differ from the CPU run of the same seed
+#: accuracy (percentage points) a GPU run of a scheme may differ from the CPU run of the same seed
 ACCURACY_POINTS = 0.5
+#: peak resident memory per rank, in gradient buffers, a scheme may take (the performance issue's target)
+MEMORY_MULTIPLE = 4.5
 #: every data-parallel scheme: each runs a device-resident ``bench step`` and trains on the device and the CPU
 STEP_SCHEMES = ("dense", "topk", "randomk", "threshold", "cltk", "deft", "dct", "gtopk", "dgc")
 TRAIN_SCHEMES = STEP_SCHEMES
@@ -90,10 +95,15 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Ch
                             "resnet50", *schemes(HIER_SCHEMES), "--density", "0.01", "--iters", "5",
                             "--json", j("step-hier")],
               json=j("step-hier"), env={"MPISPARSE_RANKS_PER_HOST": "2"}, timeout=150),
-        # which exact top-k is faster where: the rows of cupy_kernels.AUTO_TABLE
-        Check("select-sweep", [*ms, "bench", "select", "--backend", "cupy", "--sizes", SWEEP_SIZES,
-                               "--densities", SWEEP_DENSITIES, "--repeats", "10", "--json", j("select-sweep")],
-              json=j("select-sweep"), timeout=240),
+        # the host side of a GPU machine: 16 ranks on its 16 cores, each scheme's peak resident memory
+        Check("step-cpu-16", [*ms, "bench", "step", "-n", "16", "--model", "resnet50", *schemes(STEP_SCHEMES),
+                              "--density", "0.001", "--iters", "3", "--warmup", "1", "--json", j("step-cpu-16")],
+              json=j("step-cpu-16"), env={"OMP_NUM_THREADS": "1"}, timeout=300),
+        # torch.distributed instead of MPI, on the GPUs
+        Check("torchrun-cuda", [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                                "-m", "mpisparse", "train", "--device", "cuda", "--scheme", "topk", "--density",
+                                "0.01", "--epochs", str(epochs), "--seed", "0", "--json", j("torchrun-cuda")],
+              json=j("torchrun-cuda"), timeout=150),
     ]
     for s in TRAIN_SCHEMES:
         for device in ("cuda", "cpu"):
@@ -101,6 +111,10 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Ch
             checks.append(Check(name, [*ms, "train", "-n", "2", "--device", device, "--scheme", s, "--density",
                                        "0.01", "--epochs", str(epochs), "--seed", "0", "--json", j(name)],
                                 json=j(name), timeout=150))
+    # which exact top-k is faster where: the rows of cupy_kernels.AUTO_TABLE (measured on an H200 already)
+    checks.append(Check("select-sweep", [*ms, "bench", "select", "--backend", "cupy", "--sizes", SWEEP_SIZES,
+                                         "--densities", SWEEP_DENSITIES, "--repeats", "10",
+                                         "--json", j("select-sweep")], json=j("select-sweep"), timeout=240))
     return checks
 
 
@@ -161,6 +175,14 @@ def summarise(checks: Sequence[Check], results: dict[str, Any]) -> list[dict[str
             rows.append({"target": f"{name}: every scheme ran on the device",
                          "measured": ", ".join(f"{r['scheme']} {1e3 * r['step_seconds']:.2f} ms" for r in step),
                          "met": {r["scheme"] for r in step} == set(schemes)})
+    mem = results.get("step-cpu-16")
+    for r in (mem if isinstance(mem, list) else [mem] if mem else []):
+        x = r["peak_rss_bytes_per_rank"] / r["gradient_buffer_bytes"]
+        rows.append({"target": f"step-cpu-16: {r['scheme']} peak RSS per rank <= {MEMORY_MULTIPLE:g}x the buffer",
+                     "measured": f"{x:.2f}x", "met": x <= MEMORY_MULTIPLE})
+    acc = _accuracy(results.get("torchrun-cuda"))
+    rows.append({"target": "torchrun -m mpisparse train --device cuda: runs", "measured": "-" if acc is None else
+                 f"test accuracy {acc:.2f}%", "met": None if acc is None else True})
     for s in TRAIN_SCHEMES:
         gpu, cpu = _accuracy(results.get(f"train-cuda-{s}")), _accuracy(results.get(f"train-cpu-{s}"))
         rows.append({"target": f"train --scheme {s}: the GPU run within {ACCURACY_POINTS} points of the CPU run "

@@ -121,3 +121,17 @@ def test_overlap_refuses_a_whole_vector_scheme_in_one_line():
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_overlap_equals_the_plain_step(ranks):
     rank_script("torch_overlap", ranks, timeout=150)
+
+
+@pytest.mark.gpu
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+def test_overlap_equals_the_plain_step_on_cuda():
+    """The same check with the model on the GPU: the hook's copy on torch's stream, the bucket's exchange on
+    the second thread's."""
+    from gpu_emu.gpu import require_gpu
+
+    require_gpu()
+    if not torch.cuda.is_available():
+        pytest.fail("CuPy sees a GPU but torch has no CUDA (a CPU build of torch?)")
+    rank_script("torch_overlap", 2, "--cuda", label="torch_overlap (cuda)", timeout=150)

@@ -7,7 +7,13 @@ agree (a bucket-wise dense, per-layer top-k and fixed-threshold step does
 the same math as the whole-vector one), the buckets must have been started
 from the hooks (during backward), and a non-finite gradient on one rank is
 skipped on every rank.
+
+``--cuda``: the model, its batches and so the fusion buffer on the rank's
+GPU (``local_rank``): the buckets' copies are made on torch's stream in the
+hook and exchanged from the second thread.
 """
+
+import sys
 
 import numpy as np
 import torch
@@ -16,6 +22,10 @@ import mpisparse.torch as hvd
 
 hvd.init()
 R, W = hvd.rank(), hvd.size()
+DEVICE = torch.device("cpu")
+if "--cuda" in sys.argv:
+    torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    DEVICE = torch.device("cuda", torch.cuda.current_device())
 
 SETTLED = []  # the schemes each optimizer loaded its compiled loops for (mpisparse.pages.settle)
 _settle = hvd.settle
@@ -25,9 +35,10 @@ hvd.settle = lambda *schemes: (SETTLED.append(schemes), _settle(*schemes))[1]
 def model_and_data():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 4))
+                                torch.nn.Linear(32, 4)).to(DEVICE)
     g = torch.Generator().manual_seed(100 + R)
-    batches = [(torch.randn(8, 12, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(4)]
+    batches = [(torch.randn(8, 12, generator=g).to(DEVICE), torch.randint(0, 4, (8,), generator=g).to(DEVICE))
+               for _ in range(4)]
     return model, batches
 
 
@@ -57,7 +68,7 @@ for scheme, density, opts in (("dense", 1.0, {}), ("topk", 0.1, {"layerwise": Tr
     for step, (a, b) in enumerate(zip(plain, over)):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7), (scheme, step, float((a - b).abs().max()))
     assert W == 1 or opt.overlap.bytes_sent > 0
-    everyone = hvd.allgather_object(over[-1].numpy())
+    everyone = hvd.allgather_object(over[-1].cpu().numpy())
     assert all(np.array_equal(everyone[0], f) for f in everyone), f"{scheme}: ranks differ"
 
 # a non-finite gradient on the last rank: every rank skips that step, parameters unchanged and finite
@@ -86,8 +97,8 @@ for x, y in batches[: 4 if R == 0 else 1]:
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
 assert hvd.join() == 0
-flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
 everyone = hvd.allgather_object(flat)
 assert all(np.array_equal(everyone[0], f) for f in everyone), "parameters differ after join with overlap"
 if R == 0:
-    print(f"torch_overlap OK on {W} ranks")
+    print(f"torch_overlap{' (cuda)' if DEVICE.type == 'cuda' else ''} OK on {W} ranks")
