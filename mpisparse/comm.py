@@ -496,7 +496,10 @@ class Communicator:
         return self._MPI.Get_processor_name()
 
     def abort(self, code: int = 1) -> None:
-        self.comm.Abort(code)
+        """End the whole job, after the launcher had time to forward this rank's error."""
+        from .launch import abort_job
+
+        abort_job(self.comm, code)
 
 
 @dataclass

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -21,6 +22,24 @@ from typing import Mapping, Sequence
 # Intel MPI (PMI_*), Open MPI (OMPI_*), PMIx (srun --mpi=pmix, prte).
 _LAUNCHER_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
 _LAUNCHER_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+
+
+# How long a failing rank waits between writing its error and MPI_Abort: the
+# launcher forwards a rank's stderr asynchronously, and an immediate Abort can
+# tear the job down before the error reached the terminal (seen with Hydra on a
+# loaded 2-core machine: the whole traceback lost).
+ABORT_GRACE_S = 0.5
+
+
+def abort_job(mpi_comm, code: int = 1) -> None:
+    """Flush this rank's output, give the launcher :data:`ABORT_GRACE_S` to forward it, then ``Abort``."""
+    for stream in (sys.stderr, sys.stdout):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    time.sleep(ABORT_GRACE_S)
+    mpi_comm.Abort(code)
 
 
 def under_mpi_launcher(env: Mapping[str, str] = os.environ) -> bool:

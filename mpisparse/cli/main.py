@@ -16,7 +16,7 @@ import traceback
 import click
 
 from .. import __version__
-from ..launch import env_rank, report_started, under_mpi_launcher
+from ..launch import abort_job, env_rank, report_started, under_mpi_launcher
 from . import session
 
 __all__ = ["cli", "main"]
@@ -111,8 +111,5 @@ def _fail(code: int, msg: str | None = None) -> None:
     sys.stderr.flush()
     sys.stdout.flush()
     if _mpi_running() and sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() > 1:
-        # the launcher forwards a rank's stderr asynchronously; an immediate Abort can
-        # kill it before the one line above reached the terminal
-        time.sleep(0.3)
-        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
+        abort_job(sys.modules["mpi4py.MPI"].COMM_WORLD, code)
     sys.exit(code)
