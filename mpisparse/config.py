@@ -215,6 +215,8 @@ class TrainConfig:
 
 #: ``bench step --gradients``
 GRADIENT_SOURCES = ("synthetic", "model")
+#: ``bench step --output``: where a data-parallel step writes its update (``CollectiveScheme.step``'s ``out``)
+STEP_OUTPUTS = ("own", "gradient")
 
 
 @dataclass
@@ -251,6 +253,9 @@ class BenchConfig:
     #: ``--separate-wait``: a barrier before every collective, its time in phase ``wait``: the exchange
     #: phases hold the transfer alone (:attr:`mpisparse.comm.Communicator.wait_timer`)
     separate_wait: bool = False
+    #: ``--output``: ``own`` (the scheme's reused output vector) or ``gradient`` (the update written into the
+    #: gradient buffer, ``step(grad, out=grad)``, as :class:`mpisparse.torch.DistributedOptimizer` does)
+    output: str = "own"
 
     def validate(self, world: int | None = None) -> BenchConfig:
         """Check every field, then the runtime's own checks (a pipeline scheme has no ``bench``).
@@ -290,6 +295,10 @@ class BenchConfig:
                 raise ValueError(f"--gradients model runs on --device cpu; --device is {self.device!r}")
         _int("--servers", self.servers, 1)
         _bool("--separate-wait", self.separate_wait)
+        _choice("--output", self.output, STEP_OUTPUTS)
+        if self.output == "gradient" and self.diagnostics:
+            raise ValueError("--output gradient overwrites the gradient that --diagnostics re-reads after the "
+                             "step; use one or the other")
         self.scheme_options = cls.validate_options(dict(self.scheme_options))
         _world(cls, world)
         from .runtimes import check_bench
@@ -323,7 +332,7 @@ CLI_ONLY_OPTIONS: dict[str, str] = {
 OPTION_FIELDS: dict[str, str] = {
     "schemes": "scheme", "no_memory": "memory", "checkpoint_dir": "checkpoint",
     "mp_stages": "mp.stages", "split_after": "mp.split_after", "micro_batches": "mp.micro_batches",
-    "dp_scheme": "mp.dp_scheme", "dp_density": "mp.dp_density",
+    "dp_scheme": "mp.dp_scheme", "dp_density": "mp.dp_density", "step_output": "output",
 }
 
 #: ``train`` fields a run resumed from a checkpoint may change: how long it runs, where it writes,

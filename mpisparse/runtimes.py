@@ -129,6 +129,9 @@ def check_bench(cfg: BenchConfig, world: int | None = None) -> None:
         raise ValueError(f"--separate-wait times the wait before flat collectives: it applies to the "
                          f"data-parallel schemes without --hierarchical, not to {cfg.scheme!r}"
                          + (" with --hierarchical" if cfg.hierarchical else f" ({rt.name} runtime)"))
+    if cfg.output != "own" and rt.name != "collective":
+        raise ValueError(f"--output {cfg.output} applies to the data-parallel schemes, not to {cfg.scheme!r} "
+                         f"({rt.name} runtime)")
     rt.check_config(cfg, world)
 
 

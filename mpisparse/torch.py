@@ -221,7 +221,8 @@ class _DistributedMixin:
             return False
         if not finite:
             return self._skip()
-        out = self.scheme.step(self.buffer)
+        out = self.scheme.step(self.buffer, out=self.buffer)  # the update replaces the gathered gradient:
+        # the scheme keeps no output vector of its own (one model-sized buffer less on the host or GPU)
         return self._finish_sync(out)
 
     def _synchronize_overlapped(self) -> bool:

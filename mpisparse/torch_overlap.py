@@ -180,7 +180,7 @@ class BucketExchange:
         bucket.finite = bool(backend.all_finite(bucket.buffer))  # one host read per bucket
         if not bucket.finite:  # zeros go out instead; the ranks agree on skipping afterwards
             flat.zero_()
-        bucket.future = self._executor.submit(bucket.scheme.step, bucket.buffer)
+        bucket.future = self._executor.submit(bucket.scheme.step, bucket.buffer, out=bucket.buffer)  # in place
 
     # ------------------------------------------------------------------ finish
     def finish(self):

@@ -102,6 +102,16 @@ def test_new_fields_are_checked():
     assert BenchConfig(model="ncf", rss_at=[12, 3, 3]).validate().rss_at == [3, 12]
 
 
+def test_bench_output_is_checked():
+    with pytest.raises(ValueError, match="--output is 'grad'"):
+        BenchConfig(model="ncf", output="grad").validate()
+    with pytest.raises(ValueError, match="--output gradient overwrites the gradient that --diagnostics re-reads"):
+        BenchConfig(model="ncf", scheme="topk", output="gradient", diagnostics=True).validate()
+    with pytest.raises(ValueError, match="--output gradient applies to the data-parallel schemes, not to 'asgd'"):
+        BenchConfig(model="ncf", scheme="asgd", output="gradient").validate(2)
+    assert BenchConfig(model="ncf", scheme="dgc", output="gradient").validate().output == "gradient"
+
+
 def test_help_shows_common_options_first_then_one_section_per_scheme():
     for cmd in (["train"], ["bench", "step"], ["bench", "exchange"]):
         out = CliRunner().invoke(cli, [*cmd, "--help"]).output

@@ -192,3 +192,16 @@ def test_compiled_scatter_sum_is_the_numpy_one(scale, monkeypatch):
     with pytest.raises(IndexError):
         compiled.scatter_sum(np.zeros(10, np.float32), np.array([3, 10]), np.ones(2, np.float32), [2], 1.0,
                              np.array([], np.int64))
+
+
+def test_step_into_a_vector_that_is_not_like_the_gradient_is_a_one_line_error():
+    layout = FusionLayout([("a", (40,)), ("b", (24,))])
+    sch = create("topk", SelfComm(), layout, 0.1, seed=0)
+    g = np.ones(64, np.float32)
+    for bad in (np.zeros(63, np.float32), np.zeros(64, np.float64)):
+        with pytest.raises(ValueError, match="out must be like the gradient"):
+            sch.step(g, out=bad)
+    assert sch.iteration == 0
+    out = np.full(64, 7, np.float32)  # whatever it held is replaced: one rank, the sent entries alone
+    assert sch.step(g, out=out) is out
+    assert np.count_nonzero(out) == sch.k and np.all(out[out != 0] == 1)

@@ -48,6 +48,7 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     grad = drawn if xp is np else layout.empty(xp=xp)  # the step's input, on the run's device
     sch.use_array_module(xp)
     on_device = grad is not drawn
+    in_place = cfg.output == "gradient"  # the update overwrites the step's input (refilled before each step)
     if cfg.separate_wait:  # the barrier before each collective is timed as "wait", not as the exchange
         comm.wait_timer = timer
     # the compiled loops loaded now, before the full-size buffers are written, and LLVM's code unmapped after
@@ -70,7 +71,7 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
         before, staged = comm.bytes_sent, dict(comm.staging)
         cross_before = getattr(comm, "cross_host_bytes", 0)
         with timer.step():
-            update = sch.step(grad)
+            update = sch.step(grad, out=grad if in_place else None)
         if cfg.gradients == "model":
             gen.apply(backend.to_host(update))  # the ranks train on: the next gradients follow the run
         if timer.recording:
@@ -106,6 +107,6 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
         rss_bytes_at_step=rss or None, hierarchy=hierarchy,
         config={"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
                 "seed": seed, "memory": memory, "diagnostics": diagnostics, "device": cfg.device,
-                "gradients": cfg.gradients, "separate_wait": cfg.separate_wait,
+                "gradients": cfg.gradients, "separate_wait": cfg.separate_wait, "output": cfg.output,
                 **({"rss_at": list(cfg.rss_at)} if cfg.rss_at else {}), **sch.opts})
 

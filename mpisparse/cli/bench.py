@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from ..config import DEVICES, GRADIENT_SOURCES, BenchConfig
+from ..config import DEVICES, GRADIENT_SOURCES, STEP_OUTPUTS, BenchConfig
 from ..device import check_device_usable
 from ..models.shapes import model_names
 from ..registry import SCHEMES, validate_density
@@ -71,6 +71,10 @@ def _steps(value: str) -> list[int]:
 @click.option("--separate-wait", is_flag=True,
               help="Data-parallel schemes: a barrier before every collective, its time in phase 'wait', so the "
                    "exchange phases hold the transfer alone (not the wait for the slowest rank).")
+@click.option("--output", "step_output", type=click.Choice(STEP_OUTPUTS), default="own", show_default=True,
+              help="Data-parallel schemes: own = the update in the scheme's reused output vector (only the last "
+                   "step's entries cleared); gradient = written into the gradient buffer (as "
+                   "DistributedOptimizer does): one full buffer less, one zeroing pass more.")
 @scheme_options
 @cuda_aware_option
 @trace_option
@@ -78,7 +82,7 @@ def _steps(value: str) -> list[int]:
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
                check_collectives, diagnostics, json_path, csv_path, plot_path, rss_at, servers, cuda_aware=None,
                hierarchical=False, gradients="synthetic", trace=None, progress_interval=10.0, no_progress=False,
-               separate_wait=False, **scheme_opts) -> None:
+               separate_wait=False, step_output="own", **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     output.configure_progress(progress_interval, not no_progress)
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
@@ -89,7 +93,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
                                   diagnostics=diagnostics, servers=servers, check_collectives=check_collectives,
                                   hierarchical=hierarchical, cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device,
                                   gradients=gradients, trace=trace_path(trace, s, len(schemes) > 1),
-                                  separate_wait=separate_wait), nprocs)
+                                  separate_wait=separate_wait, output=step_output), nprocs)
             for s in schemes]
     usage(check_device_usable, device, need_torch=False)
     check_plot(plot_path)

@@ -9,7 +9,9 @@ same aggregated update on every rank.  It is built from three parts:
   (through :class:`mpisparse.comm.Communicator`, which counts and times).
 
 :meth:`CollectiveScheme.step` returns the *mean* over ranks of what was sent, as a
-dense vector owned by the scheme (overwritten by the next step).  Phases
+dense vector owned by the scheme (overwritten by the next step), or written into
+a vector the caller names (``step(grad, out=grad)``: the update replaces the
+gradient, and the scheme holds no output buffer of its own).  Phases
 are timed with the shared vocabulary of :mod:`mpisparse.timing`.  Statistics
 that cost extra work (distinct selected indices) are computed lazily by
 :meth:`CollectiveScheme.selected_global`, outside the timed step.
@@ -79,6 +81,8 @@ class CollectiveScheme(SchemeBase):
         #: the selection primitive (``--select-kernel``; "native" for schemes without the option)
         self.select_kernel = check_kernel(self.opts.get("select_kernel") or "native")
         self._out = None
+        #: where this step writes its update: the caller's ``out``, or None (the scheme's own vector)
+        self._target = None
         #: the array module of the gradients (NumPy, or CuPy for device gradients): outputs and state live there
         self.xp = np
 
@@ -87,7 +91,10 @@ class CollectiveScheme(SchemeBase):
         return self.timer.phase(name)
 
     def output(self):
-        """The scheme's reusable dense output vector, on the gradients' array module."""
+        """The vector this step writes: the caller's ``out``, else the scheme's own reusable dense vector
+        (on the gradients' array module)."""
+        if self._target is not None:
+            return self._target
         if self._out is None:
             if self.xp is np:  # written out: a calloc'd vector maps its pages lazily, and a sparse step's
                 # scattered writes would then fault a page at a time over the first steps
@@ -97,18 +104,26 @@ class CollectiveScheme(SchemeBase):
                 self._out = self.layout.zeros(xp=self.xp)
         return self._out
 
-    def write_output(self, idx, vals, scale: float, last):
-        """The output vector holding ``vals * scale`` at ``idx`` and zero elsewhere.  It is reused step to
-        step, so only the previous step's set ``last`` is cleared (all of it when ``last`` is None, nothing
-        when the vector was just made); ``idx`` must not repeat (a scheme whose gathered sets overlap sums
-        them with :func:`scatter_sum`)."""
+    def output_to_clear(self, last):
+        """``(out, clear)``: the vector this step writes (:meth:`output`) and what of it must be zeroed
+        first.  The scheme's own vector is reused step to step, so only the previous step's set ``last``
+        (all of it when ``last`` is None, nothing when the vector was just made: an empty index set);
+        the caller's ``out`` holds anything, so all of it (None)."""
+        if self._target is not None:
+            return self._target, None
         fresh = self._out is None
         out = self.output()
-        if not fresh:
-            if last is None:
-                out.fill(0)
-            else:
-                out[last] = 0
+        return out, (self.xp.empty(0, dtype=backend.index_dtype(self.n)) if fresh else last)
+
+    def write_output(self, idx, vals, scale: float, last):
+        """The output vector holding ``vals * scale`` at ``idx`` and zero elsewhere (``last``: the set the
+        previous step wrote, see :meth:`output_to_clear`); ``idx`` must not repeat (a scheme whose
+        gathered sets overlap sums them with :func:`scatter_sum`)."""
+        out, clear = self.output_to_clear(last)
+        if clear is None:
+            out.fill(0)
+        elif len(clear):
+            out[clear] = 0
         out[idx] = vals * out.dtype.type(scale)
         return out
 
@@ -137,21 +152,39 @@ class CollectiveScheme(SchemeBase):
             if getattr(self, name, None) is not None:
                 setattr(self, name, None)
 
-    def step(self, grad) -> np.ndarray:
+    def step(self, grad, out=None) -> np.ndarray:
         """Aggregate one step: returns the mean over ranks of what was sent.
 
         Works on ``grad``'s array module (host or device) and allocates
         there; nothing goes through host memory but what the communicator
         stages and the few explicit scalar reads a scheme documents.
+
+        ``out``: a vector of the gradient's length, dtype and array module to
+        write the update into (``grad`` itself included: every scheme reads
+        the gradient only before it writes its output), returned.  It is
+        zeroed in full before the sparse update is written: one pass more
+        than the scheme's own output, whose only last set is cleared, and one
+        full buffer less.  None: the scheme's own vector, overwritten by the
+        next step.
         """
         if grad.shape != (self.n,):
             raise ValueError(f"gradient vector has shape {grad.shape}; expected ({self.n},)")
         xp = backend.array_module(grad)
+        if out is not None and (out.shape != grad.shape or out.dtype != grad.dtype
+                                or backend.array_module(out) is not xp):
+            raise ValueError(f"out must be like the gradient ({grad.dtype}, ({self.n},), {xp.__name__}); "
+                             f"got {out.dtype}, {out.shape}, {backend.array_module(out).__name__}")
         if xp is not self.xp:
             self.use_array_module(xp)
-        out = self._step(grad)
+        if out is not None:
+            self._out = None  # not kept beside the caller's vector (and its last set would be stale)
+        self._target = out
+        try:
+            result = self._step(grad)
+        finally:
+            self._target = None
         self.iteration += 1
-        return out
+        return result
 
     def _step(self, grad):
         raise NotImplementedError
@@ -268,10 +301,7 @@ class SparseGatherScheme(CollectiveScheme):
             all_vals, _ = self.comm.allgatherv(vals, counts)
         with self.phase("update"):
             self.memory.update(acc, idx)
-            fresh = self._out is None
-            out = self.output()
-            # the output holds only the last step's indices: zero those, not the whole vector
-            clear = all_idx[:0] if fresh else getattr(self, "_last_indices", None)  # fresh: made zero
+            out, clear = self.output_to_clear(getattr(self, "_last_indices", None))
             scatter_sum(out, all_idx, all_vals, counts, 1.0 / self.comm.size, clear=clear)
         self._last_indices = all_idx
         return out

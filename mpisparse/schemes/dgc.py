@@ -412,10 +412,7 @@ class DGC(SparseGatherScheme):
             all_vals, _ = self.comm.allgatherv(vals, counts)
         with self.phase("update"):
             self.memory.update(v, idx)  # Alg. step 8
-            fresh = self._out is None
-            out = self.output()
-            # the output holds only the last step's indices: zero those, not the whole vector
-            clear = all_idx[:0] if fresh else getattr(self, "_last_indices", None)  # fresh: made zero
+            out, clear = self.output_to_clear(getattr(self, "_last_indices", None))
             scatter_sum(out, all_idx, all_vals, counts, 1.0 / W, clear=clear)  # Alg. step 7: mean
         self._last_indices = all_idx
         self._last, self._last_k, self._last_density = sel, k, density

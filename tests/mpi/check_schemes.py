@@ -100,4 +100,22 @@ ref_outs, _, _ = reference(lambda acc, t: topk_ref(acc, k), steps=1)
 close(outs[0], ref_outs[0], "topk without memory, step 0")
 assert sch.memory.state_dict() == {}
 
+# the update written into the gradient buffer (step(g, out=g)) is the scheme's own output, every
+# data-parallel scheme, bit for bit, over several steps (error feedback, DGC's momentum, DCT's and
+# CLT-k's warm-up and leaders, DEFT's allocation included)
+from mpisparse.runtimes import RUNTIMES  # noqa: E402
+
+for name in RUNTIMES["collective"].schemes():
+    own, into = (create(name, comm, layout, DENSITY, seed=3) for _ in range(2))
+    for t in range(STEPS):
+        g = grads[t][rank].copy()
+        want = own.step(g.copy())
+        got = into.step(g, out=g)
+        assert got is g, f"{name}: step(g, out=g) returned another vector"
+        assert np.array_equal(got, want), f"{name} step {t}: the update in the gradient differs from its own output"
+        assert into._out is None, f"{name}: an own output vector was kept beside out="
+    for key, v in own.memory.state_dict().items():
+        if isinstance(v, np.ndarray):
+            assert np.array_equal(v, into.memory.state_dict()[key]), f"{name}: memory {key} differs"
+
 world.done("schemes")
