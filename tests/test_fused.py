@@ -181,14 +181,18 @@ def test_compiled_scatter_sum_is_the_numpy_one(scale, monkeypatch):
     vals[7] = np.nan
     counts = [b.size for b in blocks]
     clear = rng.choice(n, size=800, replace=False)
-    outs = []
-    for flag in ("0", "1"):
-        monkeypatch.setenv("MPISPARSE_FUSED", flag)
-        out = np.zeros(n, np.float32)
-        out[clear] = 7.0
-        backend.scatter_sum(out, idx, vals, counts, scale, clear=clear)
-        outs.append(out)
-    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))  # bit for bit, -0.0 and NaN included
+    for whole in (False, True):  # clear None: a vector holding anything (the update written into a gradient)
+        outs = []
+        for flag in ("0", "1"):
+            monkeypatch.setenv("MPISPARSE_FUSED", flag)
+            out = np.zeros(n, np.float32)
+            out[clear] = 7.0
+            if whole:
+                out[::3] = 5.0
+            backend.scatter_sum(out, idx, vals, counts, scale, clear=None if whole else clear)
+            outs.append(out)
+        assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))  # bit for bit, -0.0 and NaN too
+        assert not np.any(np.isin(np.flatnonzero(outs[1]), idx, invert=True))
     with pytest.raises(IndexError):
         compiled.scatter_sum(np.zeros(10, np.float32), np.array([3, 10]), np.ones(2, np.float32), [2], 1.0,
                              np.array([], np.int64))

@@ -259,11 +259,13 @@ _buffers = _Buffers()
 def scatter_sum(out: np.ndarray, indices, values, counts, scale: float, clear) -> bool:
     """The host ``scatter_sum`` (:func:`mpisparse.backend.scatter_sum`) by the compiled index loops: True
     when it ran, False (nothing done) when not enabled or the arrays do not fit the loop (float32 ``out``
-    and ``values``, 1-D integer ``indices`` and ``clear``, a sparse scale)."""
-    if (not enabled() or clear is None or not isinstance(out, np.ndarray) or out.dtype != np.float32
+    and ``values``, 1-D integer ``indices`` and ``clear``, a sparse scale).  ``clear`` None: all of ``out``
+    is zeroed first (one memset), then the same loops."""
+    if (not enabled() or not isinstance(out, np.ndarray) or out.dtype != np.float32
             or not isinstance(values, np.ndarray) or values.dtype != np.float32 or out.ndim != 1
             or not isinstance(indices, np.ndarray) or indices.dtype.kind not in "iu"
-            or not isinstance(clear, np.ndarray) or clear.dtype.kind not in "iu" or len(indices) == 0):
+            or not (clear is None or isinstance(clear, np.ndarray) and clear.dtype.kind in "iu")
+            or len(indices) == 0):
         return False
     scaled = scale != 1.0
     if scaled and not 2 * len(indices) < out.size:
@@ -272,6 +274,9 @@ def scatter_sum(out: np.ndarray, indices, values, counts, scale: float, clear) -
     np.cumsum(np.asarray(counts, dtype=np.int64), out=bounds[1:])
     if bounds[-1] != len(indices) or len(values) != len(indices):
         return False
+    if clear is None:
+        out.fill(0)
+        clear = indices[:0]
     tmp = np.empty(len(indices) if scaled else 0, dtype=np.float32)
     _scatter_sum_pass(out, clear, indices, values, bounds, np.float32(scale), tmp)
     return True
