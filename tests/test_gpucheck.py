@@ -10,12 +10,15 @@ from mpisparse.gpucheck import STEP_SCHEMES, Check, plan, run_check, summarise, 
 def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     checks = plan(tmp_path, python="python")
     names = [c.name for c in checks]
-    assert names[:8] == ["gpu-tests", "info", "select", "select-deft", "step", "step-hier", "step-cpu-16",
-                         "torchrun-cuda"]
-    assert names[8:-1] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
+    assert names[:9] == ["gpu-tests", "info", "select", "select-deft", "step", "step-hier", "step-cpu-16",
+                         "step-cpu-16-gradient", "torchrun-cuda"]
+    assert names[9:-1] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
     assert names[-1] == "select-sweep"
     mem = next(c for c in checks if c.name == "step-cpu-16")
     assert mem.argv[mem.argv.index("-n") + 1] == "16" and "--device" not in mem.argv
+    into = next(c for c in checks if c.name == "step-cpu-16-gradient")
+    assert into.argv[into.argv.index("--output") + 1] == "gradient"
+    assert sorted(into.argv[i + 1] for i, a in enumerate(into.argv) if a == "--scheme") == sorted(STEP_SCHEMES)
     assert checks[0].env == {"MPISPARSE_TEST_GPU": "1"}
     for name in ("step", "step-hier"):
         step = next(c for c in checks if c.name == name)
@@ -46,6 +49,7 @@ def test_verdicts_from_recorded_results(tmp_path):
         "step-hier": [{"scheme": "dense", "step_seconds": 0.01}],
         "step-cpu-16": [{"scheme": "topk", "peak_rss_bytes_per_rank": 440, "gradient_buffer_bytes": 100},
                         {"scheme": "dgc", "peak_rss_bytes_per_rank": 530, "gradient_buffer_bytes": 100}],
+        "step-cpu-16-gradient": [{"scheme": "dgc", "peak_rss_bytes_per_rank": 432, "gradient_buffer_bytes": 100}],
         "torchrun-cuda": acc(0.95),
         "train-cuda-deft": acc(0.9700), "train-cpu-deft": acc(0.9740),
         **{f"train-{d}-{s}": acc(0.96) for s in ("dense", "topk", "cltk") for d in ("cuda", "cpu")},
@@ -61,6 +65,7 @@ def test_verdicts_from_recorded_results(tmp_path):
     assert rows["step-cpu-16: topk peak RSS per rank <= 4.5x the buffer"]["met"] is True
     assert rows["step-cpu-16: dgc peak RSS per rank <= 4.5x the buffer"]["measured"] == "5.30x"
     assert rows["step-cpu-16: dgc peak RSS per rank <= 4.5x the buffer"]["met"] is False
+    assert rows["step-cpu-16-gradient: dgc peak RSS per rank <= 4.5x the buffer"]["met"] is True
     assert rows["torchrun -m mpisparse train --device cuda: runs"]["met"] is True
     assert rows["step-hier: every scheme ran on the device"]["met"] is False  # cltk and topk missing
     results["train-cpu-deft"] = acc(0.9800)
