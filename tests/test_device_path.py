@@ -110,6 +110,22 @@ def grads(n, steps, seed=0):
     return [rng.standard_normal(n).astype(np.float32) for _ in range(steps)]
 
 
+@pytest.mark.parametrize("name,opts", STATEFUL + [("dense", {})], ids=[s for s, _ in STATEFUL] + ["dense"])
+def test_the_update_written_into_a_device_gradient_is_the_own_output(cp, name, opts):
+    """step(g, out=g) on (strict) device arrays: the same update as the scheme's own device output, in g."""
+    g = grads(LAYOUT.n, 4, seed=len(name) + 1)
+    own, into = (create(name, SelfComm(), LAYOUT, 0.05, timer=PhaseTimer(enabled=False), seed=4, **opts)
+                 for _ in range(2))
+    for sch in (own, into):
+        sch.use_array_module(cp)
+    for t in range(4):
+        want = own.step(cp.asarray(g[t]))
+        x = cp.asarray(g[t])
+        assert into.step(x, out=x) is x
+        np.testing.assert_array_equal(x.get(), want.get())
+    assert into._out is None
+
+
 @pytest.mark.parametrize("name,opts", STATEFUL, ids=[s for s, _ in STATEFUL])
 def test_checkpoint_round_trip_of_device_state(cp, name, opts):
     g = grads(LAYOUT.n, 5, seed=len(name))
