@@ -325,7 +325,7 @@ _table(Table(
 ))
 
 STEP_SCHEMES = ("dense", "topk", "randomk", "threshold", "cltk", "deft", "gtopk", "dgc", "dct")
-#: ``bench step --output``: the scheme's own output vector, or the update written into the gradient buffer
+#: ``bench step --output``'s choices (``mpisparse.config.STEP_OUTPUTS``; this module imports none of the package)
 STEP_OUTPUTS = ("own", "gradient")
 
 

@@ -181,3 +181,9 @@ def test_no_tracked_file_points_into_a_work_directory_or_cites_the_design_notes(
                 if p in line and not any(name == f and frag in line for f, frag in PENDING_CITATIONS):
                     found.append(f"{name}: {line.strip()[:100]}")
     assert not found, "\n".join(found)
+
+
+def test_the_step_memory_table_runs_every_output_bench_step_takes():
+    from mpisparse.config import STEP_OUTPUTS
+
+    assert dr.STEP_OUTPUTS == STEP_OUTPUTS
