@@ -256,6 +256,9 @@ class BenchConfig:
     #: ``--output``: ``own`` (the scheme's reused output vector) or ``gradient`` (the update written into the
     #: gradient buffer, ``step(grad, out=grad)``, as :class:`mpisparse.torch.DistributedOptimizer` does)
     output: str = "own"
+    #: ``--floor``: after each step every rank times one ``e += g`` pass into a buffer of its own (the
+    #: result's ``floor``; :class:`mpisparse.bench.step.FloorPass`)
+    floor: bool = False
 
     def validate(self, world: int | None = None) -> BenchConfig:
         """Check every field, then the runtime's own checks (a pipeline scheme has no ``bench``).
@@ -296,6 +299,7 @@ class BenchConfig:
         _int("--servers", self.servers, 1)
         _bool("--separate-wait", self.separate_wait)
         _choice("--output", self.output, STEP_OUTPUTS)
+        _bool("--floor", self.floor)
         if self.output == "gradient" and self.diagnostics:
             raise ValueError("--output gradient overwrites the gradient that --diagnostics re-reads after the "
                              "step; use one or the other")

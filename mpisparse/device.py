@@ -254,6 +254,17 @@ def array_module_for(device: str, comm=None):
     return cupy
 
 
+def synchronizer(xp):
+    """What a :class:`~mpisparse.timing.PhaseTimer` calls at each boundary for work on array module ``xp``:
+    None on the host (NumPy runs synchronously); for CuPy, the current stream's ``synchronize``, so a phase
+    times its kernels and not only their launches (the one place that decides it)."""
+    if getattr(xp, "__name__", "") != "cupy":
+        return None
+    import cupy
+
+    return lambda: cupy.cuda.get_current_stream().synchronize()
+
+
 def torch_device(device: str, comm=None):
     """The torch device of this rank for a run on ``device``.
 

@@ -132,6 +132,8 @@ def check_bench(cfg: BenchConfig, world: int | None = None) -> None:
     if cfg.output != "own" and rt.name != "collective":
         raise ValueError(f"--output {cfg.output} applies to the data-parallel schemes, not to {cfg.scheme!r} "
                          f"({rt.name} runtime)")
+    if cfg.floor and rt.name != "collective":
+        raise ValueError(f"--floor applies to the data-parallel schemes, not to {cfg.scheme!r} ({rt.name} runtime)")
     rt.check_config(cfg, world)
 
 

@@ -15,6 +15,8 @@ the communicator's staging copies per step are reported
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .. import backend, device
@@ -26,6 +28,41 @@ from ..pages import settle
 from ..schemes import create
 from ..results.build import collective_result, current_rss_bytes, reset_peak_rss
 from ..timing import PhaseTimer
+
+
+class FloorPass:
+    """``bench step --floor``: the pass a step's compute is measured against, timed in the same job.
+
+    The floor of a sparse step with error feedback is one pass reading the
+    gradient and the residual and writing the residual (``e += g``).  After
+    each step every rank runs that pass at once (a barrier first), into a
+    buffer of its own (one gradient buffer more in the peak RSS), so the
+    step's phases and the floor share the machine's state: a shared host's
+    memory bandwidth moves both.
+    """
+
+    def __init__(self, layout, xp, sync=None):
+        self.buf = layout.zeros(xp=xp)
+        self.xp, self.sync = xp, sync
+        self.seconds: list[float] = []
+
+    def run(self, grad, record: bool) -> None:
+        if self.sync is not None:
+            self.sync()
+        t0 = time.perf_counter()
+        self.xp.add(self.buf, grad, out=self.buf)
+        if self.sync is not None:
+            self.sync()
+        if record:
+            self.seconds.append(time.perf_counter() - t0)
+
+    def result(self, comm) -> dict[str, float]:
+        """The result's ``floor``: ``seconds`` (each rank's mean, max over ranks, as ``phases``) and
+        ``seconds_median`` (each step's max over ranks, median over steps, as ``phases_median_step``)."""
+        everyone = comm.allgather_obj(self.seconds)
+        per_step = np.max(np.array(everyone, dtype=float), axis=0) if self.seconds else np.zeros(1)
+        return {"seconds": max(float(np.mean(s)) if s else 0.0 for s in everyone),
+                "seconds_median": float(np.median(per_step))}
 
 
 def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
@@ -44,11 +81,13 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
     timer = PhaseTimer(trace=cfg.trace is not None)
     sch = create(scheme, comm, layout, density, memory=memory, timer=timer, seed=seed, **scheme_options)
     xp = device.array_module_for(cfg.device, comm)
+    timer.sync = device.synchronizer(xp)  # on a GPU, phases time their kernels, not their launches
     drawn = layout.empty()
     grad = drawn if xp is np else layout.empty(xp=xp)  # the step's input, on the run's device
     sch.use_array_module(xp)
     on_device = grad is not drawn
     in_place = cfg.output == "gradient"  # the update overwrites the step's input (refilled before each step)
+    floor = FloorPass(layout, xp, timer.sync) if cfg.floor else None
     if cfg.separate_wait:  # the barrier before each collective is timed as "wait", not as the exchange
         comm.wait_timer = timer
     # the compiled loops loaded now, before the full-size buffers are written, and LLVM's code unmapped after
@@ -72,6 +111,9 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
         cross_before = getattr(comm, "cross_host_bytes", 0)
         with timer.step():
             update = sch.step(grad, out=grad if in_place else None)
+        if floor is not None:
+            comm.barrier()  # every rank's floor pass at once, as their compensations run
+            floor.run(grad, timer.recording)
         if cfg.gradients == "model":
             gen.apply(backend.to_host(update))  # the ranks train on: the next gradients follow the run
         if timer.recording:
@@ -104,9 +146,9 @@ def run_step_bench(comm, cfg: BenchConfig, *, progress=None):
         comm, scheme=scheme, density_target=density, timer=timer, step_bytes=step_bytes, selected=selected,
         n=layout.n, memory=True, k=sch.k, layers=len(layout), diagnostics=diags if diagnostics else None,
         staging=staging if on_device else None,
-        rss_bytes_at_step=rss or None, hierarchy=hierarchy,
+        rss_bytes_at_step=rss or None, hierarchy=hierarchy, floor=None if floor is None else floor.result(comm),
         config={"model": model, "scheme": scheme, "density": float(density), "iters": iters, "warmup": warmup,
                 "seed": seed, "memory": memory, "diagnostics": diagnostics, "device": cfg.device,
-                "gradients": cfg.gradients, "separate_wait": cfg.separate_wait, "output": cfg.output,
+                "gradients": cfg.gradients, "separate_wait": cfg.separate_wait, "output": cfg.output, "floor": cfg.floor,
                 **({"rss_at": list(cfg.rss_at)} if cfg.rss_at else {}), **sch.opts})
 

@@ -75,6 +75,10 @@ def _steps(value: str) -> list[int]:
               help="Data-parallel schemes: own = the update in the scheme's reused output vector (only the last "
                    "step's entries cleared); gradient = written into the gradient buffer (as "
                    "DistributedOptimizer does): one full buffer less, one zeroing pass more.")
+@click.option("--floor", is_flag=True,
+              help="Data-parallel schemes: after each step every rank times one e += g pass (the floor of a "
+                   "step's compute) into a buffer of its own (one buffer more in the peak RSS); the table "
+                   "adds compute / floor.")
 @scheme_options
 @cuda_aware_option
 @trace_option
@@ -82,7 +86,7 @@ def _steps(value: str) -> list[int]:
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
                check_collectives, diagnostics, json_path, csv_path, plot_path, rss_at, servers, cuda_aware=None,
                hierarchical=False, gradients="synthetic", trace=None, progress_interval=10.0, no_progress=False,
-               separate_wait=False, step_output="own", **scheme_opts) -> None:
+               separate_wait=False, step_output="own", floor=False, **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     output.configure_progress(progress_interval, not no_progress)
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
@@ -93,7 +97,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
                                   diagnostics=diagnostics, servers=servers, check_collectives=check_collectives,
                                   hierarchical=hierarchical, cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device,
                                   gradients=gradients, trace=trace_path(trace, s, len(schemes) > 1),
-                                  separate_wait=separate_wait, output=step_output), nprocs)
+                                  separate_wait=separate_wait, output=step_output, floor=floor), nprocs)
             for s in schemes]
     usage(check_device_usable, device, need_torch=False)
     check_plot(plot_path)

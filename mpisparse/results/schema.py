@@ -24,7 +24,7 @@ EXCHANGE_KEYS = ("exchange_seconds", "exchange_seconds_mean_over_ranks", "exchan
 
 _OPTIONAL = ("skipped_steps", "metrics", "diagnostics", "k", "layers", "gradient_buffer_bytes",
              "peak_rss_bytes_per_rank", "provenance", "staging_copies_per_step", "rss_bytes_at_step",
-             "hierarchy")
+             "hierarchy", "floor")
 
 
 @dataclass
@@ -126,6 +126,13 @@ class RunResult:
         the same with the median over timed steps instead of the mean:
         a typical step's slowest worker; one step in which the operating
         system took a rank's core away (a shared machine) does not move it.
+    ``floor``
+        ``bench step --floor``: one ``e += g`` pass over the gradient's
+        length, every rank at once after each step, timed in the same job
+        as the step's phases: ``seconds`` (each rank's mean, max over
+        ranks) and ``seconds_median`` (each step's max over ranks, median
+        over steps).  A step's compute (``compensate + select + update``)
+        divided by it is the step's distance from its floor.
     ``hierarchy``
         ``--hierarchical`` runs (``bench step``): ``hosts``, ``ranks_per_host``
         (a list, one entry per host) and ``cross_host_bytes_per_step`` (the
@@ -204,6 +211,7 @@ class RunResult:
     hierarchy: dict[str, Any] | None = None
     phases_slowest_step: dict[str, float] | None = None
     phases_median_step: dict[str, float] | None = None
+    floor: dict[str, float] | None = None
     # -- provenance (schema version 2)
     provenance: dict[str, Any] | None = None
     # -- runtime-specific blocks

@@ -116,8 +116,22 @@ def format_run(res: RunResult, command: str) -> str:
     return text
 
 
+#: the phases of a data-parallel step's own work (no exchange): what ``bench step --floor`` compares
+COMPUTE_PHASES = ("compensate", "select", "update")
+
+
+def compute_seconds(res: RunResult) -> float:
+    """A data-parallel step's compute: ``compensate + select + update``, each the max over ranks."""
+    return sum(res.phases.get(p, 0.0) for p in COMPUTE_PHASES)
+
+
 def _bench_table(res: RunResult) -> str:
     model = res.config.get("model", "")
+    extra = {}
+    if res.floor:
+        fl = res.floor["seconds"]
+        extra["floor e += g"] = (f"{fl * 1e3:.3f} ms; compute {compute_seconds(res) * 1e3:.3f} ms = "
+                                 f"{compute_seconds(res) / fl:.2f}x floor" if fl > 0 else "0 ms")
     return format_table(
         f"\n{res.scheme} on {model} ({res.n:,} elements, {res.layers} layers), "
         f"W={res.world_size}, density {res.density_target:g}",
@@ -125,7 +139,7 @@ def _bench_table(res: RunResult) -> str:
         {"density_actual": f"{res.density_actual:.6f}",
          "bytes/rank/step": f"{res.bytes_sent_per_rank:,.0f}",
          "peak RSS/rank": f"{res.peak_rss_bytes_per_rank / 2**20:,.0f} MiB "
-                          f"({res.peak_rss_bytes_per_rank / res.gradient_buffer_bytes:.1f}x buffer)"})
+                          f"({res.peak_rss_bytes_per_rank / res.gradient_buffer_bytes:.1f}x buffer)", **extra})
 
 
 def _train_table(res: RunResult) -> str:
