@@ -389,20 +389,32 @@ def _fused_step_render(res: dict[str, Any], quick: bool) -> str:
             continue
         cells = [f"`{s}`"]
         for r in (plain[s], fused[s]):
-            cells += [_ms(_phase(r, p), 1) for p in _COMPUTE] + [_ms(sum(_phase(r, p) or 0.0 for p in _COMPUTE), 1)]
-        cells.append(_ms(fused[s]["step_seconds"], 1))
+            cells += [_ms(_phase(r, p), 1) for p in _COMPUTE] + [_ms(_compute(r), 1)]
+        floor = (fused[s].get("floor") or {}).get("seconds")
+        cells += [_ms(floor, 1), "—" if not floor else f"{_compute(fused[s]) / floor:.2f}",
+                  _ms(fused[s]["step_seconds"], 1), f"{fused[s]['density_actual']:.4f}"]
         rows.append(cells)
     r0 = next(iter(fused.values()), {})
     return (f"{r0.get('config', {}).get('model')} shapes (n = {_int(r0.get('n'))}), density "
             f"{r0.get('density_target')}, W = {r0.get('world_size')}; ms per step, max over ranks.\n\n"
             + md_table(["scheme", "plain compensate", "plain select", "plain update", "plain compute",
-                        "fused compensate", "fused select", "fused update", "fused compute", "fused step ms"], rows)
+                        "fused compensate", "fused select", "fused update", "fused compute", "floor",
+                        "fused compute / floor", "fused step ms", "fused density"], rows)
             + "\n\ncompute = compensate + select + update (the work of the step on a rank, without the exchange). "
               "plain: `MPISPARSE_FUSED=0`, the NumPy steps; fused: the numba pass of `mpisparse/backend/fused.py` "
               "where a scheme uses it (topk, gtopk, the CLT-k leader, threshold, dgc's momentum pass and dct's "
               "per-layer pass; the other schemes run the same code in both columns, so their difference is "
-              "noise). The floor: one pass reading the gradient and the residual and writing the residual "
-              "(dgc: reading u, v and the gradient and writing u and v).")
+              "noise). floor (`--floor`): one `e += g` pass over the same length, both ranks at once after "
+              "each step of the fused run, timed in the same job as the phases beside it: a pass reading the "
+              "gradient and the residual and writing the residual (dgc's own floor reads u, v and the gradient "
+              "and writes u and v: 5/3 of it). threshold and dct keep a threshold fixed between "
+              "recomputations, so their achieved density (fused density: globally selected entries / n) drifts "
+              "above the set one and their update writes that many entries; topk's and deft's is the "
+              "gradient build-up of two ranks' sets.")
+
+
+def _compute(r: dict[str, Any]) -> float:
+    return sum(_phase(r, p) or 0.0 for p in _COMPUTE)
 
 
 _table(Table(
@@ -412,7 +424,7 @@ _table(Table(
            "the NumPy steps and with the fused compensate + top-k pass ([schemes.md](../schemes.md))."),
     runs=lambda quick: [Run(label, ["bench", "step", "-n", "2", "--model", "ncf" if quick else "resnet50"]
                             + [a for s in (FUSED_SCHEMES[:3] if quick else FUSED_SCHEMES) for a in ("--scheme", s)]
-                            + ["--density", "0.001", "--iters", "2" if quick else "10", "--warmup", "1"],
+                            + ["--density", "0.001", "--iters", "2" if quick else "20", "--warmup", "1", "--floor"],
                             env={"MPISPARSE_FUSED": flag})
                         for label, flag in (("plain", "0"), ("fused", "1"))],
     render=_fused_step_render,
