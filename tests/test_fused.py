@@ -209,3 +209,19 @@ def test_step_into_a_vector_that_is_not_like_the_gradient_is_a_one_line_error():
     out = np.full(64, 7, np.float32)  # whatever it held is replaced: one rank, the sent entries alone
     assert sch.step(g, out=out) is out
     assert np.count_nonzero(out) == sch.k and np.all(out[out != 0] == 1)
+
+
+@needs_numba
+@pytest.mark.parametrize("n, runs", [(100_000, 512), (16 * 9, 9), (1_000_003, 2000)])
+def test_the_compiled_sample_reads_one_run_of_adjacent_entries_per_stratum(n, runs):
+    from mpisparse.backend import compiled
+
+    rng = np.random.default_rng(n)
+    e, g = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    out = np.full(runs * compiled.SAMPLE_RUN, np.nan, dtype=np.float32)
+    key = 0x1234_5678_9ABC
+    compiled._sample_sum_abs(e, g, np.uint64(key), out)
+    starts = compiled.stratum_positions(key, n - compiled.SAMPLE_RUN + 1, runs)
+    pos = (starts[:, None] + np.arange(compiled.SAMPLE_RUN)).ravel()
+    assert pos.max() < n and np.all(np.diff(starts) >= 0)
+    np.testing.assert_array_equal(out, np.abs(e[pos] + g[pos]))

@@ -30,6 +30,9 @@ _BLOCK = 32
 #: the same for the read-only loops (fewer, longer blocks: their count is all they do)
 _READ_BLOCK = 64
 
+#: adjacent entries a sample run reads (16 float32: one 64-byte cache line; a sample's cost is its cache misses)
+SAMPLE_RUN = 16
+
 #: splitmix64's constants: the hash of :func:`stratum_positions` (DGC's sample), the same here and compiled
 _SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _SPLITMIX_M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -140,6 +143,18 @@ try:  # optional: the compiled loop
         lo = (j * n) // m
         hi = ((j + 1) * n) // m
         return lo + np.int64(((x >> np.uint64(32)) * np.uint64(hi - lo)) >> np.uint64(32))
+
+    @numba.njit(cache=True, nogil=True)
+    def _sample_sum_abs(e, g, key, out):  # pragma: no cover - compiled
+        """A sample of the compensated magnitudes before ``e += g`` runs: ``out`` (``SAMPLE_RUN * r`` long) gets
+        ``|e[p + q] + g[p + q]|`` for ``q < SAMPLE_RUN`` at each ``p`` of ``stratum_positions(key, n -
+        SAMPLE_RUN + 1, r)``: one cache line a run, one run a stratum; no index arrays or temporaries."""
+        n = e.shape[0]
+        runs = out.shape[0] // SAMPLE_RUN
+        for j in range(runs):
+            p = _stratum_position(key, j, n - SAMPLE_RUN + 1, runs)
+            for q in range(SAMPLE_RUN):
+                out[j * SAMPLE_RUN + q] = abs(e[p + q] + g[p + q])
 
     @numba.njit(cache=True, nogil=True)
     def _momentum_pass(u, v, g, m, t, cand, cval, key, samp):  # pragma: no cover - compiled
@@ -312,7 +327,7 @@ def warm_up(kernels, idt=np.int32) -> tuple[str, ...]:
     x, g, cand = np.zeros(n, f32), np.ones(n, f32), np.empty(n, idt)
     starts, ends, thr = np.array([0], np.int64), np.array([n], np.int64), np.ones(1, f32)
     calls = {
-        "fused": lambda: _fused_pass(x, g, t, cand),
+        "fused": lambda: (_fused_pass(x, g, t, cand), _sample_sum_abs(x, g, np.uint64(1), np.empty(SAMPLE_RUN, f32))),
         "select": lambda: _select_pass(x, t, cand),
         "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand, np.empty(n, f32),
                                            np.uint64(1), np.empty(4, f32)),

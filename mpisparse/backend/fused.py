@@ -3,8 +3,10 @@
 A sparse step with error feedback reads the gradient and the residual,
 writes the compensated residual (``e += g``), then reads it again to
 select its ``k`` largest magnitudes.  :func:`compensate_topk` does both in
-one pass: a threshold is first estimated from a sample of ``e + g`` (the
-sampled top-k of :func:`mpisparse.backend.numpy_kernels.topk_abs`), then
+one pass: a threshold is first estimated from a sample of ``e + g`` (sized
+as the sampled top-k of :func:`mpisparse.backend.numpy_kernels.topk_abs`,
+read by a compiled loop as runs of adjacent entries, one cache line each, at
+stratified positions), then
 one loop adds, stores and collects every index whose compensated magnitude
 reaches the threshold; the exact top ``k`` are picked among those
 candidates (a few more than ``k``).  When the threshold was too high (fewer
@@ -31,11 +33,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import numpy_kernels as nk
-from .compiled import _HAVE_NUMBA, _buffers, available, enabled, select_ge, stratum_positions
+from .compiled import SAMPLE_RUN, _HAVE_NUMBA, _Buffers, _buffers, available, enabled, select_ge, stratum_positions
 from .numpy_kernels import index_dtype
 
 if _HAVE_NUMBA:
-    from .compiled import _fused_pass, _momentum_pass, _segments_fused_pass, _segments_select_pass
+    from .compiled import _fused_pass, _momentum_pass, _sample_sum_abs, _segments_fused_pass, _segments_select_pass
+
+#: the threshold samples of :func:`compensate_candidates` (apart from the candidate buffers)
+_samples = _Buffers()
 
 __all__ = ["available", "compensate_candidates", "compensate_momentum", "compensate_segments_threshold",
            "compensate_threshold", "compensate_topk", "enabled", "narrow", "segments_threshold", "select_ge",
@@ -52,7 +57,8 @@ def _check(e, g) -> None:
 def compensate_candidates(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, fused: bool | None = None):
     """``e += g`` in place; returns the candidates of the top ``k`` found on the way, or None.
 
-    With the compiled loop: a threshold from a sample of ``e + g``, then one
+    With the compiled loop: a threshold from a sample of ``e + g`` (runs of
+    ``SAMPLE_RUN`` adjacent entries at stratified positions), then one
     pass that adds, stores and collects the indices whose ``|e|`` reaches it
     (a view of a reused buffer, valid until the next call).  None when the
     plain path ran (no numba, ``fused`` False, a small or dense ``k``, no
@@ -72,12 +78,12 @@ def compensate_candidates(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, fus
         return None
     rng = nk._get_rng(rng)
     m, r = nk.sample_plan(n, k)
+    m -= m % SAMPLE_RUN  # whole runs (m >= 8192)
     if r >= m:
         e += g
         return None
-    pos = rng.integers(0, n, size=m)
-    samp = e[pos] + g[pos]
-    np.abs(samp, out=samp)
+    samp = _samples.get(m, e.dtype)  # one cache line a run, one run a stratum: a few thousand misses
+    _sample_sum_abs(e, g, np.uint64(rng.integers(0, 1 << 63)), samp)
     t = nk.kth_largest(samp, r)
     if not t > 0:  # mostly zeros, or NaN: no usable threshold
         e += g
