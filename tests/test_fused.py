@@ -167,20 +167,27 @@ def test_topk_from_candidates_ascending_is_the_sorted_pick(c):
 
 
 @needs_numba
-@pytest.mark.parametrize("scale", [1.0, 0.5, 1 / 3])
-def test_compiled_scatter_sum_is_the_numpy_one(scale, monkeypatch):
+@pytest.mark.parametrize("ascending", [False, True])  # True: the merge of ascending blocks
+@pytest.mark.parametrize("cleared", [300, 800])  # 800 > n / 64: the whole vector is zeroed instead
+@pytest.mark.parametrize("scale", [1.0, 0.25, 1 / 3])
+def test_compiled_scatter_sum_is_the_numpy_one(scale, cleared, ascending, monkeypatch):
     from mpisparse import backend
     from mpisparse.backend import compiled
 
     n = 50_000
     rng = np.random.default_rng(4)
     blocks = [rng.choice(n, size=s, replace=False).astype(np.int32) for s in (3000, 2500, 0, 4000)]
+    if ascending:
+        blocks = [np.sort(b) for b in blocks]
     idx = np.concatenate(blocks)
     vals = rng.standard_normal(idx.size).astype(np.float32)
     vals[:5] = -0.0
     vals[7] = np.nan
     counts = [b.size for b in blocks]
-    clear = rng.choice(n, size=800, replace=False)
+    clear = rng.choice(n, size=cleared, replace=False)
+    merged = []
+    monkeypatch.setattr(compiled, "_scatter_merge_pass",
+                        lambda *a, f=compiled._scatter_merge_pass: merged.append(1) or f(*a))
     for whole in (False, True):  # clear None: a vector holding anything (the update written into a gradient)
         outs = []
         for flag in ("0", "1"):
@@ -193,6 +200,7 @@ def test_compiled_scatter_sum_is_the_numpy_one(scale, monkeypatch):
             outs.append(out)
         assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))  # bit for bit, -0.0 and NaN too
         assert not np.any(np.isin(np.flatnonzero(outs[1]), idx, invert=True))
+    assert len(merged) == (2 if ascending else 0)
     with pytest.raises(IndexError):
         compiled.scatter_sum(np.zeros(10, np.float32), np.array([3, 10]), np.ones(2, np.float32), [2], 1.0,
                              np.array([], np.int64))

@@ -88,3 +88,53 @@ def test_dct_scratch_is_one_layer_long_and_reused_layer_after_layer(flag, monkey
     for s in range(3):
         sch.step(_vecs(LAYOUT.n, seed=s)[2])
     assert sch._scratch.shape == (max(s.size for s in LAYOUT.layers),)
+
+
+@needs_numba
+def test_the_fused_passes_collect_each_offer_s_values_bit_for_bit():
+    """``values=True``: the values collected beside the indices are ``e[indices]`` after the pass (signed, NaN
+    and -0.0 kept); the plain steps return None for them; a count beyond the buffer falls back to None."""
+    n = 180_001
+    e, g = _vecs(n, 9)[:2]
+    e[10] = np.nan
+    e[11], g[11] = -5.0, 0.0  # a negative value
+    thr = [1.0, 0.5, 0.1, 2.0, 3.0]
+    for run in (lambda a, **kw: fused.compensate_segments_threshold(a, g, *SEGS, thr, **kw),
+                lambda a, **kw: fused.compensate_threshold(a, g, 0.7, **kw)):
+        e1, e2 = e.copy(), e.copy()
+        idx, vals = run(e1, fused=True, values=True)
+        assert np.array_equal(idx, run(e2, fused=False))
+        assert vals.dtype == e1.dtype and np.array_equal(vals.view(np.int32), e1[idx].view(np.int32))
+        assert np.any(vals < 0)
+        assert run(e.copy(), fused=False, values=True)[1] is None
+    e3 = e.copy()
+    idx3, vals3 = fused.compensate_threshold(e3, g, 0.0, fused=True, values=True)  # the buffer may be too short
+    assert np.array_equal(idx3, nk.threshold_select(e3, 0.0)) and idx3.size == n - 1  # NaN is never selected
+    assert vals3 is None or np.array_equal(vals3.view(np.int32), e3[idx3].view(np.int32))
+
+
+@needs_numba
+@pytest.mark.parametrize("fresh", [False, True])  # True: a new 1024-entry buffer, too short: restored, then plain
+def test_a_pass_that_clears_what_it_collects_leaves_the_error_of_the_plain_steps(fresh, monkeypatch):
+    from mpisparse.backend import compiled
+
+    n = 180_001
+    e, g = _vecs(n, 10)[:2]
+    thr = [1.0, 0.5, 0.1, 2.0, 3.0]
+    for run in (lambda a, **kw: fused.compensate_segments_threshold(a, g, *SEGS, thr, **kw),
+                lambda a, **kw: fused.compensate_threshold(a, g, 0.7, **kw)):
+        if fresh:
+            monkeypatch.setattr(fused, "_buffers", compiled._Buffers())
+        plain, fast = e.copy(), e.copy()
+        idx = run(plain, fused=False)
+        before = plain[idx].copy()
+        got, vals = run(fast, fused=True, values=True, clear=True)
+        assert np.array_equal(got, idx) and idx.size > 1024
+        if fresh:  # the buffer overflowed: nothing cleared, the values to be read from e
+            assert vals is None and np.array_equal(fast.view(np.int32), plain.view(np.int32))
+        else:
+            plain[idx] = 0  # error feedback's update: the sent entries zeroed
+            assert np.array_equal(vals.view(np.int32), before.view(np.int32))
+            assert np.array_equal(fast.view(np.int32), plain.view(np.int32))
+    with pytest.raises(ValueError, match="clear=True needs values=True"):
+        fused.compensate_threshold(e.copy(), g, 0.7, fused=True, clear=True)

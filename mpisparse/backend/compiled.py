@@ -30,6 +30,12 @@ _BLOCK = 32
 #: the same for the read-only loops (fewer, longer blocks: their count is all they do)
 _READ_BLOCK = 64
 
+#: ``scatter_sum``: an output with more than ``n / _CLEAR_BY_FILL`` entries to clear is zeroed whole (one memset
+#: costs about as much as n / 64 scattered stores here)
+_CLEAR_BY_FILL = 64
+#: ``scatter_sum``: ascending blocks of at most this many ranks are merged (one write per index)
+_MERGE_BLOCKS = 8
+
 #: adjacent entries a sample run reads (16 float32: one 64-byte cache line; a sample's cost is its cache misses)
 SAMPLE_RUN = 16
 
@@ -96,8 +102,20 @@ try:  # optional: the compiled loop
         return c
 
     @numba.njit(nogil=True, inline="always")
-    def _add_collect(e, g, t, cand, c, base):  # pragma: no cover - compiled
-        """``e += g`` over all of ``e`` (a slice starting at ``base``), collecting as :func:`_collect`."""
+    def _keep_values(e, cand, cval, c0, c, base, clear):  # pragma: no cover - compiled
+        """The values of the candidates ``cand[c0:c]`` just collected (those the buffer holds) into ``cval``,
+        while their block is in cache; ``clear``: then zero them in ``e``."""
+        for q in range(c0, min(c, cval.shape[0])):
+            j = cand[q] - base
+            cval[q] = e[j]
+            if clear:
+                e[j] = 0
+
+    @numba.njit(nogil=True, inline="always")
+    def _add_collect(e, g, t, cand, c, base, cval, clear):  # pragma: no cover - compiled
+        """``e += g`` over all of ``e`` (a slice starting at ``base``), collecting as :func:`_collect`; with a
+        non-empty ``cval`` (as long as ``cand``) each collected index's new ``e`` beside it (signed), and
+        with ``clear`` that entry of ``e`` zeroed after it (:func:`_keep_values`)."""
         n = e.shape[0]
         full = n - n % _BLOCK
         for b in range(0, full, _BLOCK):
@@ -107,10 +125,15 @@ try:  # optional: the compiled loop
                 e[j] = w
                 hits += abs(w) >= t
             if hits:
+                c0 = c
                 c = _collect(e, b, b + _BLOCK, t, cand, c, base)
+                _keep_values(e, cand, cval, c0, c, base, clear)
         for j in range(full, n):
             e[j] = e[j] + g[j]
-        return _collect(e, full, n, t, cand, c, base)
+        c0 = c
+        c = _collect(e, full, n, t, cand, c, base)
+        _keep_values(e, cand, cval, c0, c, base, clear)
+        return c
 
     @numba.njit(nogil=True, inline="always")
     def _read_collect(x, t, cand, c, base):  # pragma: no cover - compiled
@@ -126,8 +149,8 @@ try:  # optional: the compiled loop
         return _collect(x, full, n, t, cand, c, base)
 
     @numba.njit(cache=True, nogil=True)
-    def _fused_pass(e, g, t, cand):  # pragma: no cover - compiled
-        return _add_collect(e, g, t, cand, 0, 0)
+    def _fused_pass(e, g, t, cand, cval, clear):  # pragma: no cover - compiled
+        return _add_collect(e, g, t, cand, 0, 0, cval, clear)
 
     @numba.njit(cache=True, nogil=True)
     def _select_pass(x, t, cand):  # pragma: no cover - compiled
@@ -196,7 +219,7 @@ try:  # optional: the compiled loop
         return _collect_values(v, full, n, t, cand, cval, c)
 
     @numba.njit(cache=True, nogil=True)
-    def _segments_fused_pass(e, g, starts, ends, thr, cand):  # pragma: no cover - compiled
+    def _segments_fused_pass(e, g, starts, ends, thr, cand, cval, clear):  # pragma: no cover - compiled
         """``e += g`` over the segments ``[starts[s], ends[s])`` (ascending, disjoint, covering ``e``),
         collecting in each the indices with ``|e| >= thr[s]``: ascending, segment after segment."""
         c = 0
@@ -204,7 +227,7 @@ try:  # optional: the compiled loop
             lo = starts[s]
             hi = ends[s]
             # on slices the loop indices start at 0: no negative-index wraparound, so the count vectorises
-            c = _add_collect(e[lo:hi], g[lo:hi], thr[s], cand, c, lo)
+            c = _add_collect(e[lo:hi], g[lo:hi], thr[s], cand, c, lo, cval, clear)
         return c
 
     @numba.njit(cache=True, nogil=True)
@@ -234,6 +257,90 @@ try:  # optional: the compiled loop
                 tmp[j] = out[indices[j]] * scale
             for j in range(indices.shape[0]):
                 out[indices[j]] = tmp[j]
+
+    @numba.njit(cache=True, nogil=True, boundscheck=True)
+    def _clear_pass(out, clear):  # pragma: no cover - compiled
+        """``out[clear] = 0`` (:func:`_scatter_sum_pass`'s first loop)."""
+        for j in range(clear.shape[0]):
+            out[clear[j]] = 0
+
+    @numba.njit(cache=True, nogil=True)
+    def _blocks_ascending(indices, bounds, n):  # pragma: no cover - compiled
+        """Whether every block ``indices[bounds[r]:bounds[r + 1]]`` is strictly ascending within ``[0, n)``."""
+        for r in range(bounds.shape[0] - 1):
+            lo = bounds[r]
+            hi = bounds[r + 1]
+            if hi > lo and (indices[lo] < 0 or indices[hi - 1] >= n):
+                return False
+            for j in range(lo + 1, hi):
+                if indices[j] <= indices[j - 1]:
+                    return False
+        return True
+
+    @numba.njit(nogil=True, inline="always")
+    def _put(io, vo, c, i, v, out, scale, final, scaled):  # pragma: no cover - compiled
+        """One merged entry: into the running sums ``io[c], vo[c]``, or (``final``) into ``out[i]``, scaled."""
+        if not final:
+            io[c] = i
+            vo[c] = v
+        elif scaled:
+            out[i] = v * scale
+        else:
+            out[i] = v
+
+    @numba.njit(nogil=True, inline="always")
+    def _merge_two(ia, va, na, ib, vb, lo, hi, io, vo, out, scale, final, scaled):  # pragma: no cover - compiled
+        """Merge the ascending running sums ``ia[:na], va[:na]`` with block ``ib[lo:hi], vb[lo:hi]`` (an index in
+        both: its sum plus the block's value; in the block alone: 0 plus it) through :func:`_put`; returns
+        the count."""
+        zero = vb.dtype.type(0)
+        i = 0
+        j = lo
+        c = 0
+        while i < na and j < hi:
+            a = ia[i]
+            b = ib[j]
+            if a < b:
+                _put(io, vo, c, a, va[i], out, scale, final, scaled)
+                i += 1
+            elif b < a:
+                _put(io, vo, c, b, zero + vb[j], out, scale, final, scaled)
+                j += 1
+            else:
+                _put(io, vo, c, a, va[i] + vb[j], out, scale, final, scaled)
+                i += 1
+                j += 1
+            c += 1
+        while i < na:
+            _put(io, vo, c, ia[i], va[i], out, scale, final, scaled)
+            i += 1
+            c += 1
+        while j < hi:
+            _put(io, vo, c, ib[j], zero + vb[j], out, scale, final, scaled)
+            j += 1
+            c += 1
+        return c
+
+    @numba.njit(cache=True, nogil=True)
+    def _scatter_merge_pass(out, indices, values, bounds, scale, scaled, ti, tv):  # pragma: no cover - compiled
+        """:func:`_scatter_sum_pass`'s adds and scaling over ascending blocks (:func:`_blocks_ascending`), ``out``
+        zero at every index: the blocks merged one after another into running sums (``ti``, ``tv``: two
+        halves each as long as ``indices``), each index's values added from 0 in block order; the last
+        block's merge writes ``out`` (scaled): the same float operations in the same order, one write per
+        distinct index of ``out``, no read of it and no second pass for the scale."""
+        m = indices.shape[0]
+        ci = ti[:m]
+        cv = tv[:m]
+        ni = ti[m:]
+        nv = tv[m:]
+        c = 0
+        last = bounds.shape[0] - 2
+        for r in range(last):
+            c = _merge_two(ci, cv, c, indices, values, bounds[r], bounds[r + 1], ni, nv, out, scale, False, scaled)
+            ci, ni = ni, ci
+            cv, nv = nv, cv
+        if last >= 0:
+            _merge_two(ci, cv, c, indices, values, bounds[last], bounds[last + 1], ni, nv, out, scale, True, scaled)
 
     _HAVE_NUMBA = True
 except ImportError:  # pragma: no cover - depends on the environment
@@ -289,9 +396,15 @@ def scatter_sum(out: np.ndarray, indices, values, counts, scale: float, clear) -
     np.cumsum(np.asarray(counts, dtype=np.int64), out=bounds[1:])
     if bounds[-1] != len(indices) or len(values) != len(indices):
         return False
-    if clear is None:
-        out.fill(0)
+    if clear is None or len(clear) > out.size // _CLEAR_BY_FILL:
+        out.fill(0)  # a memset streams: cheaper than this many scattered stores
         clear = indices[:0]
+    if len(counts) <= _MERGE_BLOCKS and _blocks_ascending(indices, bounds, out.size):
+        _clear_pass(out, clear)
+        m = len(indices)
+        _scatter_merge_pass(out, indices, values, bounds, np.float32(scale), scaled,
+                            np.empty(2 * m, dtype=indices.dtype), np.empty(2 * m, dtype=np.float32))
+        return True
     tmp = np.empty(len(indices) if scaled else 0, dtype=np.float32)
     _scatter_sum_pass(out, clear, indices, values, bounds, np.float32(scale), tmp)
     return True
@@ -327,14 +440,18 @@ def warm_up(kernels, idt=np.int32) -> tuple[str, ...]:
     x, g, cand = np.zeros(n, f32), np.ones(n, f32), np.empty(n, idt)
     starts, ends, thr = np.array([0], np.int64), np.array([n], np.int64), np.ones(1, f32)
     calls = {
-        "fused": lambda: (_fused_pass(x, g, t, cand), _sample_sum_abs(x, g, np.uint64(1), np.empty(SAMPLE_RUN, f32))),
+        "fused": lambda: (_fused_pass(x, g, t, cand, np.empty(n, f32), False), _sample_sum_abs(x, g, np.uint64(1), np.empty(SAMPLE_RUN, f32))),
         "select": lambda: _select_pass(x, t, cand),
         "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand, np.empty(n, f32),
                                            np.uint64(1), np.empty(4, f32)),
-        "segments_fused": lambda: _segments_fused_pass(x, g, starts, ends, thr, cand),
+        "segments_fused": lambda: _segments_fused_pass(x, g, starts, ends, thr, cand, np.empty(n, f32), False),
         "segments_select": lambda: _segments_select_pass(x, starts, ends, thr, cand),
-        "scatter_sum": lambda: _scatter_sum_pass(x, np.zeros(1, idt), np.zeros(1, idt), np.ones(1, f32),
-                                                 np.array([0, 1], np.int64), t, np.empty(0, f32)),
+        "scatter_sum": lambda: (_scatter_sum_pass(x, np.zeros(1, idt), np.zeros(1, idt), np.ones(1, f32),
+                                                  np.array([0, 1], np.int64), t, np.empty(0, f32)),
+                                _clear_pass(x, np.zeros(1, idt)),
+                                _blocks_ascending(np.zeros(1, idt), np.array([0, 1], np.int64), n),
+                                _scatter_merge_pass(x, np.zeros(1, idt), np.ones(1, f32), np.array([0, 1], np.int64),
+                                                    t, True, np.empty(2, idt), np.empty(2, f32))),
     }
     for name in kernels:
         calls[name]()

@@ -41,6 +41,10 @@ if _HAVE_NUMBA:
 
 #: the threshold samples of :func:`compensate_candidates` (apart from the candidate buffers)
 _samples = _Buffers()
+#: the values collected beside the candidates (``values=True``), as long as the candidate buffer
+_values = _Buffers()
+#: an empty value buffer: the compiled passes then collect indices alone
+_NO_VALUES = np.empty(0, dtype=np.float32)
 
 __all__ = ["available", "compensate_candidates", "compensate_momentum", "compensate_segments_threshold",
            "compensate_threshold", "compensate_topk", "enabled", "narrow", "segments_threshold", "select_ge",
@@ -90,7 +94,7 @@ def compensate_candidates(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, fus
         return None
     cap = 4 * k + 1024
     cand = _buffers.get(cap, index_dtype(n))
-    c = int(_fused_pass(e, g, nk._ceil_to_dtype(t, e.dtype), cand))
+    c = int(_fused_pass(e, g, nk._ceil_to_dtype(t, e.dtype), cand, _NO_VALUES, False))
     return cand[:c] if c <= cap else None
 
 
@@ -115,12 +119,17 @@ def topk_from_candidates(e: np.ndarray, cand, k: int, *, rng=None, scratch=None,
 
 
 def compensate_threshold(e: np.ndarray, g: np.ndarray, t: float, *, scratch=None,
-                         fused: bool | None = None) -> np.ndarray:
+                         fused: bool | None = None, values: bool = False, clear: bool = False):
     """``e += g`` in place, then the ascending indices with ``|e| >= t`` (:func:`threshold_select`'s result).
 
     With the compiled loop, one pass; the candidate buffer grows to the
     largest count seen (a count beyond it is found again by
-    ``threshold_select`` over the compensated ``e``, once).
+    ``threshold_select`` over the compensated ``e``, once).  ``values``:
+    ``(indices, e[indices])`` instead, the values collected in the same pass
+    (None where the plain steps ran: then read them from ``e``).  ``clear``
+    (with ``values``): the pass also zeroes ``e`` at the indices (the offer
+    sent whole, error feedback's update) -- done exactly when the values
+    are not None.
     """
     _check(e, g)
     use = enabled() if fused is None else fused
@@ -129,19 +138,19 @@ def compensate_threshold(e: np.ndarray, g: np.ndarray, t: float, *, scratch=None
     n = e.shape[0]
     if not use or n <= nk.SMALL_N:
         e += g
-        return nk.threshold_select(e, t, scratch=scratch)
+        return _with(nk.threshold_select(e, t, scratch=scratch), None, values)
     idt = index_dtype(n)
-    cap = max(_buffers.capacity(idt), 1024)
-    cand = _buffers.get(cap, idt)
     tt = nk._ceil_to_dtype(t, e.dtype)
     if tt != tt:  # NaN: nothing is selected
         e += g
-        return np.empty(0, dtype=idt)
-    c = int(_fused_pass(e, g, tt, cand))
-    if c <= cap:
-        return cand[:c].copy()
-    _buffers.get(2 * c, idt)  # room for next time
-    return nk.threshold_select(e, t, scratch=scratch)
+        return _with(np.empty(0, dtype=idt), np.empty(0, dtype=e.dtype), values)
+    return _collected(lambda cand, cval, clr: _fused_pass(e, g, tt, cand, cval, clr), e, values, clear,
+                      lambda: nk.threshold_select(e, t, scratch=scratch))
+
+
+def _with(idx, vals, values: bool):
+    """``idx``, or ``(idx, vals)`` when the caller asked for the values."""
+    return (idx, vals) if values else idx
 
 
 def compensate_topk(e: np.ndarray, g: np.ndarray, k: int, *, rng=None, scratch=None,
@@ -230,39 +239,47 @@ def segments_threshold(x: np.ndarray, starts, sizes, thresholds, *, scratch=None
     bounds = _segment_bounds(starts, sizes, n) if _use(fused) and n > nk.SMALL_N else None
     if bounds is None:
         return _plain_segments(x, starts, sizes, thresholds, scratch)
-    return _segments_collect(lambda cand: _segments_select_pass(x, *bounds, _thresholds(thresholds, x.dtype), cand),
-                             n, lambda: _plain_segments(x, starts, sizes, thresholds, scratch))
+    return _collected(lambda cand, _, __: _segments_select_pass(x, *bounds, _thresholds(thresholds, x.dtype), cand),
+                      x, False, False, lambda: _plain_segments(x, starts, sizes, thresholds, scratch))
 
 
 def _thresholds(thresholds, dtype) -> np.ndarray:
     return np.array([nk._ceil_to_dtype(t, dtype) for t in thresholds], dtype=dtype)
 
 
-def _segments_collect(run, n: int, again):
-    """Run a segmented candidate loop into the growing buffer; a count beyond it grows the buffer and
-    takes ``again()`` (the result of the read-only steps over the already compensated vector)."""
-    idt = index_dtype(n)
+def _collected(run, e: np.ndarray, values: bool, clear: bool, again):
+    """Run a compiled candidate loop ``run(cand, cval, clear)`` over ``e`` into the growing buffers; returns the
+    indices (``values``: with their values, None when ``again()`` gave the indices).  A count beyond the
+    buffers grows them for next time, puts back what ``clear`` zeroed (the values held) and takes
+    ``again()``, the read-only steps over the compensated ``e``."""
+    if clear and not values:
+        raise ValueError("clear=True needs values=True (the values are what the cleared entries held)")
+    idt = index_dtype(e.shape[0])
     cap = max(_buffers.capacity(idt), 1024)
     cand = _buffers.get(cap, idt)
-    c = int(run(cand))
+    cval = _values.get(cap, e.dtype) if values else _NO_VALUES
+    c = int(run(cand, cval, clear))
     if c <= cap:
-        return cand[:c].copy()
+        return _with(cand[:c].copy(), cval[:c].copy() if values else None, values)
     _buffers.get(2 * c, idt)  # room for next time
-    return again()
+    if clear:
+        e[cand] = cval  # the buffer's candidates, zeroed in the pass, get their values back
+    return _with(again(), None, values)
 
 
 def compensate_segments_threshold(e: np.ndarray, g: np.ndarray, starts, sizes, thresholds, *, scratch=None,
-                                  fused: bool | None = None) -> np.ndarray:
-    """``e += g`` in place, then :func:`segments_threshold` of ``e``; with the compiled loop, one pass."""
+                                  fused: bool | None = None, values: bool = False, clear: bool = False):
+    """``e += g`` in place, then :func:`segments_threshold` of ``e``; with the compiled loop, one pass.
+    ``values`` and ``clear``: as :func:`compensate_threshold`'s."""
     _check(e, g)
     n = e.shape[0]
     bounds = _segment_bounds(starts, sizes, n) if _use(fused) and n > nk.SMALL_N else None
     if bounds is None:
         e += g
-        return _plain_segments(e, starts, sizes, thresholds, scratch)
+        return _with(_plain_segments(e, starts, sizes, thresholds, scratch), None, values)
     thr = _thresholds(thresholds, e.dtype)
-    return _segments_collect(lambda cand: _segments_fused_pass(e, g, *bounds, thr, cand), n,
-                             lambda: segments_threshold(e, starts, sizes, thresholds, scratch=scratch))
+    return _collected(lambda cand, cval, clr: _segments_fused_pass(e, g, *bounds, thr, cand, cval, clr), e, values,
+                      clear, lambda: segments_threshold(e, starts, sizes, thresholds, scratch=scratch))
 
 
 def narrow(x: np.ndarray, idx, t_known, t, values=None):

@@ -19,7 +19,7 @@ that cost extra work (distinct selected indices) are computed lazily by
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -273,6 +273,19 @@ class CollectiveScheme(SchemeBase):
 Scheme = CollectiveScheme
 
 
+class Offer(NamedTuple):
+    """What a rank offers in a :class:`SparseGatherScheme` step."""
+
+    #: the compensated vector (the residual itself where error feedback compensates in place)
+    acc: Any
+    #: this rank's selected indices
+    indices: Any
+    #: ``acc[indices]`` where already known (a fused pass collected them), else None: read from ``acc``
+    values: Any = None
+    #: whether the memory's update is done (the fused pass zeroed the residual at ``indices``)
+    sent: bool = False
+
+
 class SparseGatherScheme(CollectiveScheme):
     """Each rank offers its own (index, value) set; sets are gathered and summed.
 
@@ -284,23 +297,25 @@ class SparseGatherScheme(CollectiveScheme):
     def select(self, acc) -> np.ndarray:
         raise NotImplementedError
 
-    def compensate_select(self, grad):
-        """``(acc, idx)``: the compensated vector and this rank's offer, timed as ``compensate`` and ``select``."""
+    def compensate_select(self, grad) -> Offer:
+        """This rank's :class:`Offer`, timed as ``compensate`` and ``select``."""
         with self.phase("compensate"):
             acc = self.memory.compensate(grad)
         with self.phase("select"):
-            return acc, self.select(acc)
+            return Offer(acc, self.select(acc))
 
     def _step(self, grad):
-        acc, idx = self.compensate_select(grad)
+        acc, idx, vals, sent = self.compensate_select(grad)
         with self.phase("select"):
-            vals = acc[idx]
+            if vals is None:
+                vals = acc[idx]
         with self.phase("exchange_indices"):
             all_idx, counts = self.comm.allgatherv(idx)
         with self.phase("exchange_values"):
             all_vals, _ = self.comm.allgatherv(vals, counts)
         with self.phase("update"):
-            self.memory.update(acc, idx)
+            if not sent:
+                self.memory.update(acc, idx)
             out, clear = self.output_to_clear(getattr(self, "_last_indices", None))
             scatter_sum(out, all_idx, all_vals, counts, 1.0 / self.comm.size, clear=clear)
         self._last_indices = all_idx

@@ -59,7 +59,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import reference
-from .base import SELECT_KERNEL, SchemeOption, SparseGatherScheme, register
+from .base import SELECT_KERNEL, Offer, SchemeOption, SparseGatherScheme, register
 
 #: Relative guard of ``floor(N eta)`` against float products like 28.999...
 _FLOOR_GUARD = 1e-9
@@ -209,7 +209,8 @@ class DCT(SparseGatherScheme):
 
     def compensate_select(self, grad):
         """Between recomputations (tau known): Alg. 1 l.2 and l.9 in one fused pass where possible
-        (:func:`mpisparse.backend.fused.compensate_segments_threshold`, the same indices and error)."""
+        (:func:`mpisparse.backend.fused.compensate_segments_threshold`, the same indices and error; the offer
+        is sent whole, so the pass also collects its values and zeroes the error there, Alg. 1 l.11)."""
         from ..backend import fused
 
         due = self.taus is None or recompute_due(self.iteration, self.lifespan)
@@ -218,10 +219,10 @@ class DCT(SparseGatherScheme):
             return super().compensate_select(grad)
         with self.phase("compensate"):
             self.recomputed = False  # Alg. 1 l.7, tau from iteration k - 1
-            idx = fused.compensate_segments_threshold(residual, grad, self.layout.offsets, self.layout.sizes,
-                                                      self.taus)
+            idx, vals = fused.compensate_segments_threshold(residual, grad, self.layout.offsets, self.layout.sizes,
+                                                            self.taus, values=True, clear=self.memory.in_place)
         self.local_count = int(idx.size)
-        return residual, idx
+        return Offer(residual, idx, vals, sent=vals is not None)
 
     def select(self, acc) -> np.ndarray:
         # Alg. 1 l.2 happened in compensate(): acc = W_grad + E_grad

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from .base import SchemeOption, SparseGatherScheme, register
+from .base import Offer, SchemeOption, SparseGatherScheme, register
 
 
 @register("threshold")
@@ -37,7 +37,8 @@ class Threshold(SparseGatherScheme):
         self._scratch = None
 
     def compensate_select(self, grad):
-        """Once tau is known: compensation and the threshold test in one fused pass where possible."""
+        """Once tau is known: compensation and the threshold test in one fused pass where possible; the
+        offer is sent whole, so the pass also collects its values and zeroes the residual there."""
         from ..backend import fused
 
         residual = None if self.tau is None else self.fused_residual(grad)
@@ -46,8 +47,9 @@ class Threshold(SparseGatherScheme):
         with self.phase("compensate"):
             if self._scratch is None:
                 self._scratch = np.empty_like(grad)
-            idx = fused.compensate_threshold(residual, grad, self.tau, scratch=self._scratch)
-        return residual, idx
+            idx, vals = fused.compensate_threshold(residual, grad, self.tau, scratch=self._scratch, values=True,
+                                                   clear=self.memory.in_place)
+        return Offer(residual, idx, vals, sent=vals is not None)
 
     def select(self, acc) -> np.ndarray:
         if self._scratch is None:

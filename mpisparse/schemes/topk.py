@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import reference
-from .base import SELECT_KERNEL, SchemeOption, SparseGatherScheme, register
+from .base import SELECT_KERNEL, Offer, SchemeOption, SparseGatherScheme, register
 
 
 @register("topk")
@@ -44,7 +44,7 @@ class TopK(SparseGatherScheme):
 
     def compensate_select(self, grad):
         if not self.opts["layerwise"]:  # whole-vector top-k: fused with the compensation where it can be
-            return self.compensate_topk(grad, self.k)
+            return Offer(*self.compensate_topk(grad, self.k))
         return super().compensate_select(grad)
 
     def select(self, acc) -> np.ndarray:
