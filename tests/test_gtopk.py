@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from mpisparse.backend import compiled
 from mpisparse.fusion import FusionLayout
 from mpisparse.schemes import create
 from mpisparse.schemes.gtopk import (doubling_schedule, gtopk_bytes, in_sorted, keep_topk,
@@ -152,3 +153,26 @@ def test_one_rank_is_local_topk_with_error_feedback():
     resid[top] = 0
     np.testing.assert_array_equal(sch.memory.residual, resid)
     assert sch.selected_global() == sch.k == 20
+
+
+@pytest.mark.skipif(not compiled.available(), reason="numba is not installed")
+@pytest.mark.parametrize("sizes", [(3000, 2500), (0, 40), (40, 0), (1, 1)])
+def test_the_compiled_merge_of_two_sets_is_the_sorting_one(sizes, monkeypatch):
+    rng = np.random.default_rng(sum(sizes))
+    shared = rng.choice(10_000, size=min(sizes) // 2, replace=False)
+    sets = []
+    for s in sizes:
+        idx = np.unique(np.concatenate([shared[:s], rng.choice(10_000, size=s, replace=False)]))[:s]
+        vals = rng.standard_normal(idx.size).astype(np.float32)
+        vals[:2] = -0.0
+        sets += [idx.astype(np.int32), vals]
+    monkeypatch.setenv("MPISPARSE_FUSED", "1")
+    assert compiled.merge_sets(*sets) is not None
+    fast = merge_sets(*sets)
+    monkeypatch.setenv("MPISPARSE_FUSED", "0")
+    assert compiled.merge_sets(*sets) is None
+    plain = merge_sets(*sets)  # the stable sort of the concatenation
+    assert np.array_equal(fast[0], plain[0]) and np.array_equal(fast[1].view(np.int32), plain[1].view(np.int32))
+    monkeypatch.setenv("MPISPARSE_FUSED", "1")
+    if sizes[0] > 1:  # a set that is not ascending is left to the sorting merge
+        assert compiled.merge_sets(sets[0][::-1].copy(), sets[1], sets[2], sets[3]) is None

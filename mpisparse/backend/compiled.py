@@ -23,7 +23,8 @@ import os
 
 import numpy as np
 
-__all__ = ["KERNELS", "available", "enabled", "scatter_sum", "select_ge", "stratum_positions", "warm_up"]
+__all__ = ["KERNELS", "available", "enabled", "merge_sets", "scatter_sum", "select_ge", "stratum_positions",
+           "warm_up"]
 
 #: elements per block of the loops: a block's hits are counted (one vectorised loop) before any is collected
 _BLOCK = 32
@@ -289,10 +290,11 @@ try:  # optional: the compiled loop
             out[i] = v
 
     @numba.njit(nogil=True, inline="always")
-    def _merge_two(ia, va, na, ib, vb, lo, hi, io, vo, out, scale, final, scaled):  # pragma: no cover - compiled
+    def _merge_two(ia, va, na, ib, vb, lo, hi, io, vo, out, scale, final, scaled,
+                   from_zero=True):  # pragma: no cover - compiled
         """Merge the ascending running sums ``ia[:na], va[:na]`` with block ``ib[lo:hi], vb[lo:hi]`` (an index in
-        both: its sum plus the block's value; in the block alone: 0 plus it) through :func:`_put`; returns
-        the count."""
+        both: its sum plus the block's value; in the block alone: 0 plus it, or with ``from_zero`` False the
+        value itself) through :func:`_put`; returns the count."""
         zero = vb.dtype.type(0)
         i = 0
         j = lo
@@ -304,7 +306,7 @@ try:  # optional: the compiled loop
                 _put(io, vo, c, a, va[i], out, scale, final, scaled)
                 i += 1
             elif b < a:
-                _put(io, vo, c, b, zero + vb[j], out, scale, final, scaled)
+                _put(io, vo, c, b, zero + vb[j] if from_zero else vb[j], out, scale, final, scaled)
                 j += 1
             else:
                 _put(io, vo, c, a, va[i] + vb[j], out, scale, final, scaled)
@@ -316,10 +318,16 @@ try:  # optional: the compiled loop
             i += 1
             c += 1
         while j < hi:
-            _put(io, vo, c, ib[j], zero + vb[j], out, scale, final, scaled)
+            _put(io, vo, c, ib[j], zero + vb[j] if from_zero else vb[j], out, scale, final, scaled)
             j += 1
             c += 1
         return c
+
+    @numba.njit(cache=True, nogil=True)
+    def _merge_sets_pass(ia, va, ib, vb, io, vo):  # pragma: no cover - compiled
+        """The union of two ascending sparse sets into ``io, vo`` (an index in both: ``va + vb``); its count."""
+        return _merge_two(ia, va, ia.shape[0], ib, vb, 0, ib.shape[0], io, vo, vo, vo.dtype.type(1), False, False,
+                          False)
 
     @numba.njit(cache=True, nogil=True)
     def _scatter_merge_pass(out, indices, values, bounds, scale, scaled, ti, tv):  # pragma: no cover - compiled
@@ -410,6 +418,25 @@ def scatter_sum(out: np.ndarray, indices, values, counts, scale: float, clear) -
     return True
 
 
+def merge_sets(idx_a, vals_a, idx_b, vals_b):
+    """The union of two sparse sets, each strictly ascending in its indices: ``(indices, values)`` ascending,
+    the values of an index in both summed (``a + b``), by one compiled merge; None when not enabled or the
+    arrays do not fit it (host arrays, one integer dtype, one float32 dtype, both ascending)."""
+    arrays = (idx_a, vals_a, idx_b, vals_b)
+    if not enabled() or not all(isinstance(a, np.ndarray) and a.ndim == 1 for a in arrays):
+        return None
+    if (idx_a.dtype != idx_b.dtype or idx_a.dtype.kind not in "iu" or vals_a.dtype != np.float32
+            or vals_b.dtype != np.float32 or len(idx_a) != len(vals_a) or len(idx_b) != len(vals_b)):
+        return None
+    top = np.iinfo(idx_a.dtype).max
+    if not all(_blocks_ascending(i, np.array([0, len(i)], np.int64), top) for i in (idx_a, idx_b)):
+        return None
+    m = len(idx_a) + len(idx_b)
+    io, vo = np.empty(m, dtype=idx_a.dtype), np.empty(m, dtype=np.float32)
+    c = int(_merge_sets_pass(idx_a, vals_a, idx_b, vals_b, io, vo))
+    return io[:c], vo[:c]
+
+
 def select_ge(x: np.ndarray, t, cap: int, idt):
     """Ascending indices with ``|x| >= t`` (``t`` of x's dtype) found by the compiled read-only pass, or None
     (not enabled, or more than ``cap`` of them). The result is a view of a reused buffer: copy it to keep it."""
@@ -421,7 +448,7 @@ def select_ge(x: np.ndarray, t, cap: int, idt):
 
 
 #: the loops :func:`warm_up` can load, by the names the schemes declare (``CollectiveScheme.compiled_kernels``)
-KERNELS = ("fused", "select", "momentum", "segments_fused", "segments_select", "scatter_sum")
+KERNELS = ("fused", "select", "momentum", "segments_fused", "segments_select", "scatter_sum", "merge")
 
 
 def warm_up(kernels, idt=np.int32) -> tuple[str, ...]:
@@ -440,12 +467,14 @@ def warm_up(kernels, idt=np.int32) -> tuple[str, ...]:
     x, g, cand = np.zeros(n, f32), np.ones(n, f32), np.empty(n, idt)
     starts, ends, thr = np.array([0], np.int64), np.array([n], np.int64), np.ones(1, f32)
     calls = {
-        "fused": lambda: (_fused_pass(x, g, t, cand, np.empty(n, f32), False), _sample_sum_abs(x, g, np.uint64(1), np.empty(SAMPLE_RUN, f32))),
+        "fused": lambda: (_fused_pass(x, g, t, cand, np.empty(n, f32), False),
+                          _sample_sum_abs(x, g, np.uint64(1), np.empty(SAMPLE_RUN, f32))),
         "select": lambda: _select_pass(x, t, cand),
         "momentum": lambda: _momentum_pass(x, np.zeros(n, f32), g, f32(0.5), t, cand, np.empty(n, f32),
                                            np.uint64(1), np.empty(4, f32)),
         "segments_fused": lambda: _segments_fused_pass(x, g, starts, ends, thr, cand, np.empty(n, f32), False),
         "segments_select": lambda: _segments_select_pass(x, starts, ends, thr, cand),
+        "merge": lambda: merge_sets(np.arange(n, dtype=idt), x, np.arange(n, dtype=idt), g),
         "scatter_sum": lambda: (_scatter_sum_pass(x, np.zeros(1, idt), np.zeros(1, idt), np.ones(1, f32),
                                                   np.array([0, 1], np.int64), t, np.empty(0, f32)),
                                 _clear_pass(x, np.zeros(1, idt)),

@@ -102,6 +102,11 @@ def keep_topk(idx, vals, k: int):
 
 def merge_sets(idx_a, vals_a, idx_b, vals_b):
     """Union of two sparse sets (each with distinct indices): equal indices summed, index-sorted."""
+    from ..backend import compiled
+
+    merged = compiled.merge_sets(idx_a, vals_a, idx_b, vals_b)  # both index-sorted on the host: one linear merge
+    if merged is not None:
+        return merged
     xp = backend.array_module(idx_a)
     idx = xp.concatenate((idx_a, idx_b))
     vals = xp.concatenate((vals_a, vals_b))
@@ -188,7 +193,7 @@ class GTopK(Scheme):
     #: its tree pairs ranks point-to-point and each merge decides which values survive: a host-aware
     #: pairing would change the result, so ``--hierarchical`` does not apply
     hierarchical = False
-    compiled_kernels = ("fused",)
+    compiled_kernels = ("fused", "merge")
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
