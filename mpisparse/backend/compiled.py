@@ -11,10 +11,17 @@ threshold per segment (DCT's layers). Each walks the vector in blocks of
 block's hits before collecting them; the count vectorises (a max reduction
 would not without fast-math), so the read-only pass runs at about the speed
 of a read of the vector. A block with hits is collected without branches
-when the buffer has room for all of it (:func:`_collect`). :mod:`mpisparse.backend.fused` builds the fused compensation +
-selection on them, :func:`mpisparse.backend.numpy_kernels.topk_abs` its
-candidate pass (:func:`select_ge`). This module imports nothing of the
-package, so both can use it.
+when the buffer has room for all of it (:func:`_collect`); the adding
+passes can also keep each hit's value and zero it in the residual
+(:func:`_keep_values`). :func:`_sample_sum_abs` reads a threshold sample
+as runs of one cache line. :mod:`mpisparse.backend.fused` builds the fused
+compensation + selection on them, :func:`mpisparse.backend.numpy_kernels.topk_abs`
+its candidate pass (:func:`select_ge`).
+
+Index loops: :func:`scatter_sum` (the host exchange's clear, add and
+scale; ascending blocks merged in one write per index) and
+:func:`merge_sets` (gTop-k's union of two index-sorted sets).  This module
+imports nothing of the package, so every layer can use it.
 """
 
 from __future__ import annotations
@@ -333,14 +340,14 @@ try:  # optional: the compiled loop
     def _scatter_merge_pass(out, indices, values, bounds, scale, scaled, ti, tv):  # pragma: no cover - compiled
         """:func:`_scatter_sum_pass`'s adds and scaling over ascending blocks (:func:`_blocks_ascending`), ``out``
         zero at every index: the blocks merged one after another into running sums (``ti``, ``tv``: two
-        halves each as long as ``indices``), each index's values added from 0 in block order; the last
+        halves, each as long as all blocks but the last), each index's values added from 0 in block order; the last
         block's merge writes ``out`` (scaled): the same float operations in the same order, one write per
         distinct index of ``out``, no read of it and no second pass for the scale."""
-        m = indices.shape[0]
-        ci = ti[:m]
-        cv = tv[:m]
-        ni = ti[m:]
-        nv = tv[m:]
+        h = ti.shape[0] // 2  # at least the entries of every block but the last
+        ci = ti[:h]
+        cv = tv[:h]
+        ni = ti[h:]
+        nv = tv[h:]
         c = 0
         last = bounds.shape[0] - 2
         for r in range(last):
@@ -409,9 +416,9 @@ def scatter_sum(out: np.ndarray, indices, values, counts, scale: float, clear) -
         clear = indices[:0]
     if len(counts) <= _MERGE_BLOCKS and _blocks_ascending(indices, bounds, out.size):
         _clear_pass(out, clear)
-        m = len(indices)
+        h = int(bounds[-2])  # the running sums never hold more than the blocks before the last
         _scatter_merge_pass(out, indices, values, bounds, np.float32(scale), scaled,
-                            np.empty(2 * m, dtype=indices.dtype), np.empty(2 * m, dtype=np.float32))
+                            np.empty(2 * h, dtype=indices.dtype), np.empty(2 * h, dtype=np.float32))
         return True
     tmp = np.empty(len(indices) if scaled else 0, dtype=np.float32)
     _scatter_sum_pass(out, clear, indices, values, bounds, np.float32(scale), tmp)
