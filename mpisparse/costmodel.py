@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 __all__ = ["Link", "Rates", "SCHEMES", "crossover", "fit_link", "measure_rates", "parse_rate", "predict",
-           "rates_from_times", "scaled_rates", "sharing", "slowest", "total"]
+           "rates_from_times", "sharing", "slowest", "total"]
 
 #: schemes the model covers
 SCHEMES = ("dense", "topk", "cltk", "deft", "gtopk")
@@ -422,13 +422,6 @@ def _kernel_times(n: int, density: float, dense_density: float, repeats: int, gr
     ks = np.maximum(1, (sizes * density).astype(np.int64))
     out["segmented"] = timed(lambda: nk.segment_topk_abs(e, starts, sizes, ks))
     return out
-
-
-def scaled_rates(r: Rates, factor: float) -> Rates:
-    """``r`` with every rate multiplied by ``factor`` (a machine whose kernels all ran that much slower)."""
-    if not factor > 0:
-        raise ValueError(f"rate factor is {factor}; it must be > 0")
-    return Rates(**{k: v * factor for k, v in asdict(r).items()})
 
 
 def rates_dict(r: Rates) -> dict[str, float]:

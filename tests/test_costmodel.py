@@ -237,32 +237,6 @@ def test_run_model_predicts_measured_points_with_rates_of_the_ranks_at_once():
                      measured=measured)
 
 
-def test_a_measured_floor_scales_every_compute_rate_of_its_point_and_not_the_link():
-    from mpisparse.bench import model as bm
-
-    both = cm.scaled_rates(RATES, 2.0)
-    assert cm.rates_dict(both) == {k: 2 * v for k, v in cm.rates_dict(RATES).items()}
-    n = 10**6
-    # W = 4 on 2 cores: each rank has half a core, so its floor pass took 2 x n x (stream at once) x 1.5
-    point = {"scheme": "topk", "world_size": 4, "density_target": 0.01, "n": n, "step_seconds": 1.0,
-             "floor": {"seconds": 2 * n * both.stream * 1.5, "seconds_median": 0.0}}
-    assert bm.floor_scale(point, both, 2) == pytest.approx(1.5)
-    assert bm.floor_scale({**point, "floor": None}, both, 2) is None
-    res = bm.run_model(model="ncf", densities=[0.01], worlds=[2], link=LINK, rates=RATES, shared_cores=2,
-                       measured=[point, {**point, "world_size": 2, "floor": None}], rates_at=lambda p: both)
-    with_floor, without = res["validation"]
-    assert with_floor["floor_scale"] == pytest.approx(1.5)
-    slow = cm.predict("topk", n, 0.01, 4, LINK, cm.scaled_rates(both, 1.5), shared_cores=2)
-    plain = cm.predict("topk", n, 0.01, 4, LINK, both, shared_cores=2)
-    assert with_floor["predicted_seconds_floor"] == pytest.approx(cm.total(slow))
-    assert with_floor["error_floor"] == pytest.approx(cm.total(slow) - 1.0)
-    assert slow["exchange"] == plain["exchange"] and slow["compensate"] == pytest.approx(1.5 * plain["compensate"])
-    assert "error_floor" not in without
-    with pytest.raises(ValueError, match="rate factor is 0"):
-        cm.scaled_rates(RATES, 0)
-    assert "floor-scaled ms" in bm.format_model(res)
-
-
 def test_bench_model_cli_validates_against_measured_steps(tmp_path):
     """The command end to end: predictions, crossover, a validation row per measured step, JSON, CSV, plot."""
     pytest.importorskip("matplotlib")
@@ -302,8 +276,3 @@ def test_cost_model_table_names_both_sets_of_rates_and_counts_the_band():
     text = _cost_model_render(res, False)
     assert "one process alone: stream 0.26" in text and "2 processes at once (the slowest of them): stream 0.51" in text
     assert "2 of 3 predictions within 20%" in text  # -21% is out, +20% is in
-    assert "; 0 of 0 with every compute rate scaled by the floor" in text  # no floors: no such column filled
-    val[1].update(floor_scale=1.3, predicted_seconds_floor=0.95, error_floor=-0.05)
-    text = _cost_model_render(res, False)
-    assert "| `topk` | 0.01 | 4 | 790.0 | 1,000.0 | -21% | 1.30 | 950.0 | -5% |" in text
-    assert "; 1 of 1 with every compute rate scaled by the floor" in text

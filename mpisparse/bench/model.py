@@ -78,19 +78,6 @@ def load_measured(paths: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
-def floor_scale(result: dict[str, Any], rates: cm.Rates, shared_cores: int | None) -> float | None:
-    """How much slower the machine's memory passes ran during a measured ``bench step --floor`` job than
-    when ``rates`` were measured: the job's floor pass (``e += g``, every rank at once) per element, its
-    ranks' share of the cores taken out (:func:`mpisparse.costmodel.sharing`), over ``rates.stream``.
-    None without a floor in the result."""
-    floor = (result.get("floor") or {}).get("seconds")
-    n = result.get("n")
-    if not floor or not n or not rates.stream > 0:
-        return None
-    stretch = cm.sharing(int(result["world_size"]), shared_cores)[1]
-    return float(floor) / (int(n) * stretch) / rates.stream
-
-
 def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], link: cm.Link,
               rates: cm.Rates, shared_cores: int | None, measured: Sequence[dict[str, Any]] = (),
               rates_at: Callable[[int], cm.Rates] | None = None) -> dict[str, Any]:
@@ -98,10 +85,7 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
 
     With ``shared_cores``, a measured point at W ranks is predicted with ``rates_at(p)``, the rates of ``p``
     processes at once (``p``: :func:`mpisparse.costmodel.sharing`'s ``processes``; 1: ``rates``), each
-    ``p`` measured once.  A measured point with a floor (``bench step --floor``) is also predicted with
-    every compute rate scaled by :func:`floor_scale` (``predicted_seconds_floor``, ``error_floor``): a
-    shared machine's memory passes run at other speeds at other times, and the floor is the speed of the
-    step's own job."""
+    ``p`` measured once."""
     n = model_size(model)
     shared: dict[int, cm.Rates] = {1: rates}
     predictions = []
@@ -124,16 +108,9 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
             shared[procs] = rates_at(procs)
         pred = cm.total(cm.predict(r["scheme"], m_n, d, w, link, shared[procs], shared_cores=shared_cores))
         meas = float(r["step_seconds"])
-        point = {"scheme": r["scheme"], "density": d, "world_size": w, "n": m_n,
-                 "predicted_seconds": pred, "measured_seconds": meas,
-                 "error": (pred - meas) / meas if meas else None}
-        scale = floor_scale(r, shared[procs], shared_cores)
-        if scale is not None:  # the same prediction with the compute rates of the step's own job
-            scaled = cm.total(cm.predict(r["scheme"], m_n, d, w, link, cm.scaled_rates(shared[procs], scale),
-                                         shared_cores=shared_cores))
-            point.update(floor_scale=scale, predicted_seconds_floor=scaled,
-                         error_floor=(scaled - meas) / meas if meas else None)
-        validation.append(point)
+        validation.append({"scheme": r["scheme"], "density": d, "world_size": w, "n": m_n,
+                           "predicted_seconds": pred, "measured_seconds": meas,
+                           "error": (pred - meas) / meas if meas else None})
     return {"model": model, "n": n, "link": {"latency_seconds": link.latency, "bytes_per_second": link.bandwidth},
             "rates_seconds_per_element": cm.rates_dict(rates), "shared_cores": shared_cores,
             "rates_at_once_seconds_per_element": {str(p): cm.rates_dict(r) for p, r in sorted(shared.items())
@@ -161,20 +138,11 @@ def format_model(res: dict[str, Any]) -> str:
                                   [[str(w)] + [f"{v[s] * 1e3:,.1f}" for s in cm.SCHEMES] for w, v in rows.items()]))
     if res["validation"]:
         lines.append("\npredicted vs measured")
-        floor = any("error_floor" in v for v in res["validation"])
-        lines.append(simple_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"]
-                                  + (["floor x", "floor-scaled ms", "error"] if floor else []),
+        lines.append(simple_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"],
                                   [[v["scheme"], str(v["density"]), str(v["world_size"]),
                                     f"{v['predicted_seconds'] * 1e3:,.1f}", f"{v['measured_seconds'] * 1e3:,.1f}",
-                                    f"{100 * v['error']:+.0f}%"] + (_floor_cells(v) if floor else [])
-                                   for v in res["validation"]]))
+                                    f"{100 * v['error']:+.0f}%"] for v in res["validation"]]))
     return "\n".join(lines)
-
-
-def _floor_cells(v: dict[str, Any]) -> list[str]:
-    if "error_floor" not in v:
-        return ["-", "-", "-"]
-    return [f"{v['floor_scale']:.2f}", f"{v['predicted_seconds_floor'] * 1e3:,.1f}", f"{100 * v['error_floor']:+.0f}%"]
 
 
 def _rates_text(rates: dict[str, float]) -> str:
