@@ -265,6 +265,16 @@ def synchronizer(xp):
     return lambda: cupy.cuda.get_current_stream().synchronize()
 
 
+def torch_synchronizer(dev):
+    """:func:`synchronizer` for a torch device: None on the CPU; on a CUDA device, ``torch.cuda.synchronize``
+    of it (torch's and CuPy's streams on it alike), so a training phase times its kernels."""
+    if getattr(dev, "type", "cpu") != "cuda":
+        return None
+    import torch
+
+    return lambda: torch.cuda.synchronize(dev)
+
+
 def torch_device(device: str, comm=None):
     """The torch device of this rank for a run on ``device``.
 

@@ -93,6 +93,16 @@ def test_the_synchronizer_is_none_on_the_host_and_the_current_streams_on_cupy(mo
     assert synced == [1, 1]
 
 
+def test_the_torch_synchronizer_is_none_on_the_cpu_and_synchronizes_a_cuda_device(monkeypatch):
+    torch = pytest.importorskip("torch")
+    assert device.torch_synchronizer(torch.device("cpu")) is None
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda dev=None: calls.append(dev))
+    dev = torch.device("cuda", 1)
+    device.torch_synchronizer(dev)()
+    assert calls == [dev]
+
+
 def test_floor_is_in_the_help():
     out = subprocess.run([sys.executable, "-m", "mpisparse", "bench", "step", "--help"], capture_output=True,
                          text=True, timeout=60).stdout

@@ -9,7 +9,9 @@ epoch on the sharded test set, checkpoints) is :mod:`mpisparse.train.core`.
 Device: with ``--device cuda`` the model and every batch live on this
 rank's GPU (:func:`mpisparse.device.torch_device`) and the optimizer's
 step stays there (see :mod:`mpisparse.torch`); the communicator's staging
-copies per step are reported (``staging_copies_per_step``).
+copies per step are reported (``staging_copies_per_step``); the phase
+timer synchronises the device at every boundary, so a phase's time holds
+its kernels.
 
 Determinism: models have no dropout and the scheme's state, the optimizer
 and the RNG are checkpointed, so a resumed run at the same world size
@@ -136,7 +138,7 @@ class CollectiveStep(ModelStep):
         self.dev = device.torch_device(cfg.device, comm)
         model = model.to(self.dev)  # the same initial parameters on every device
         super().__init__(cfg, lm, ds, model, shard=comm.rank, shards=comm.size,
-                         timer=PhaseTimer(trace=cfg.trace is not None))
+                         timer=PhaseTimer(trace=cfg.trace is not None, sync=device.torch_synchronizer(self.dev)))
         self.comm = comm
         #: this rank's communicator staging copies per step (device runs)
         self.staging: list[dict[str, int]] = []
