@@ -7,13 +7,16 @@ the residual (``e += g``), :func:`_select_pass` only reads,
 :func:`_momentum_pass` is DGC's ``u = m u + g; v += u``, and
 :func:`_segments_fused_pass` / :func:`_segments_select_pass` use one
 threshold per segment (DCT's layers). Each walks the vector in blocks of
-:data:`_BLOCK` (:data:`_READ_BLOCK` for the read-only ones) and counts a
-block's hits before collecting them; the count vectorises (a max reduction
-would not without fast-math), so the read-only pass runs at about the speed
-of a read of the vector. A block with hits is collected without branches
-when the buffer has room for all of it (:func:`_collect`); the adding
-passes can also keep each hit's value and zero it in the residual
-(:func:`_keep_values`). :func:`_sample_sum_abs` reads a threshold sample
+:data:`_BLOCK` (:data:`_READ_BLOCK` for the read-only ones). The read-only
+and momentum loops count a block's hits before collecting them (the count
+vectorises; a max reduction would not without fast-math), so the read-only
+pass runs at about the speed of a read of the vector, and collect a block
+with hits without branches when the buffer has room for all of it
+(:func:`_collect`). The adding loop (:func:`_add_collect`) sets a bit per
+hit in its vectorised loop and collects the set bits one by one, so its
+cost does not grow with the blocks that have a hit (threshold's and DCT's
+drifted densities); it can also keep each hit's value and zero it in the
+residual (:func:`_hit`). :func:`_sample_sum_abs` reads a threshold sample
 as runs of one cache line. :mod:`mpisparse.backend.fused` builds the fused
 compensation + selection on them, :func:`mpisparse.backend.numpy_kernels.topk_abs`
 its candidate pass (:func:`select_ge`).
@@ -33,7 +36,7 @@ import numpy as np
 __all__ = ["KERNELS", "available", "enabled", "merge_sets", "scatter_sum", "select_ge", "stratum_positions",
            "warm_up"]
 
-#: elements per block of the loops: a block's hits are counted (one vectorised loop) before any is collected
+#: elements per block of the adding loops (a bit per element of a 64-bit mask) and the momentum loop
 _BLOCK = 32
 #: the same for the read-only loops (fewer, longer blocks: their count is all they do)
 _READ_BLOCK = 64
@@ -43,6 +46,14 @@ _READ_BLOCK = 64
 _CLEAR_BY_FILL = 64
 #: ``scatter_sum``: ascending blocks of at most this many ranks are merged (one write per index)
 _MERGE_BLOCKS = 8
+
+#: de Bruijn sequence for the position of a 64-bit word's lowest set bit: ``DEBRUIJN[(low * DEBRUIJN_MUL) >> 58]``
+#: (the compiled loops that collect a block's hits by its bit mask)
+DEBRUIJN_MUL = np.uint64(0x03F79D71B4CB0A89)
+DEBRUIJN = np.zeros(64, dtype=np.int64)
+for _i in range(64):
+    DEBRUIJN[int((((1 << _i) * 0x03F79D71B4CB0A89) & 0xFFFFFFFFFFFFFFFF) >> 58)] = _i
+del _i
 
 #: adjacent entries a sample run reads (16 float32: one 64-byte cache line; a sample's cost is its cache misses)
 SAMPLE_RUN = 16
@@ -110,37 +121,56 @@ try:  # optional: the compiled loop
         return c
 
     @numba.njit(nogil=True, inline="always")
-    def _keep_values(e, cand, cval, c0, c, base, clear):  # pragma: no cover - compiled
-        """The values of the candidates ``cand[c0:c]`` just collected (those the buffer holds) into ``cval``,
-        while their block is in cache; ``clear``: then zero them in ``e``."""
-        for q in range(c0, min(c, cval.shape[0])):
-            j = cand[q] - base
-            cval[q] = e[j]
-            if clear:
-                e[j] = 0
+    def _hit(e, i, cand, cval, c, base, clear):  # pragma: no cover - compiled
+        """Collect hit ``i`` of ``e`` (a slice starting at ``base``) at slot ``c`` if the buffer has room: its
+        index, with a non-empty ``cval`` its value, and with ``clear`` then zero it in ``e``.  (The block loop
+        of :func:`_add_collect` writes the same inline: through this function a hit cost 3x, measured.)"""
+        if c < cand.shape[0]:
+            cand[c] = base + i
+            if c < cval.shape[0]:
+                cval[c] = e[i]
+                if clear:
+                    e[i] = 0
 
     @numba.njit(nogil=True, inline="always")
     def _add_collect(e, g, t, cand, c, base, cval, clear):  # pragma: no cover - compiled
-        """``e += g`` over all of ``e`` (a slice starting at ``base``), collecting as :func:`_collect`; with a
-        non-empty ``cval`` (as long as ``cand``) each collected index's new ``e`` beside it (signed), and
-        with ``clear`` that entry of ``e`` zeroed after it (:func:`_keep_values`)."""
+        """``e += g`` over all of ``e`` (a slice starting at ``base``), collecting the indices with ``|e| >= t``
+        (the count goes on past the buffer); with a non-empty ``cval`` (as long as ``cand``) each hit's new
+        ``e`` beside it (signed), and with ``clear`` that entry of ``e`` zeroed after it.  Per block of
+        :data:`_BLOCK`, one vectorised loop adds, stores and sets a bit per hit; then one step per set bit
+        (its position by a de Bruijn multiply), so a hit costs a few instructions and a block without one
+        nothing more (at 1.7 % hits, 22.5 -> 11.6 ms for 25.6 M elements against a scan of each block with
+        a hit; measured)."""
         n = e.shape[0]
+        cap = cand.shape[0]
+        keep = cval.shape[0]
         full = n - n % _BLOCK
+        one = np.uint64(1)
         for b in range(0, full, _BLOCK):
-            hits = 0
-            for j in range(b, b + _BLOCK):  # add, store and count the hits: one vectorised loop
-                w = e[j] + g[j]
-                e[j] = w
-                hits += abs(w) >= t
-            if hits:
-                c0 = c
-                c = _collect(e, b, b + _BLOCK, t, cand, c, base)
-                _keep_values(e, cand, cval, c0, c, base, clear)
+            eb = e[b:b + _BLOCK]  # a slice of constant length: the loop below vectorises
+            gb = g[b:b + _BLOCK]
+            bits = np.uint64(0)
+            for j in range(_BLOCK):
+                w = eb[j] + gb[j]
+                eb[j] = w
+                bits |= np.uint64(abs(w) >= t) << np.uint64(j)
+            while bits:
+                low = bits & (~bits + one)
+                j = DEBRUIJN[(low * DEBRUIJN_MUL) >> np.uint64(58)]
+                bits ^= low
+                if c < cap:
+                    cand[c] = base + b + j
+                    if c < keep:
+                        cval[c] = eb[j]
+                        if clear:
+                            eb[j] = 0
+                c += 1
         for j in range(full, n):
-            e[j] = e[j] + g[j]
-        c0 = c
-        c = _collect(e, full, n, t, cand, c, base)
-        _keep_values(e, cand, cval, c0, c, base, clear)
+            w = e[j] + g[j]
+            e[j] = w
+            if abs(w) >= t:
+                _hit(e, j, cand, cval, c, base, clear)
+                c += 1
         return c
 
     @numba.njit(nogil=True, inline="always")

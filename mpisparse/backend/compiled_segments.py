@@ -42,18 +42,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from .compiled import DEBRUIJN as _DEBRUIJN
+from .compiled import DEBRUIJN_MUL as _DEBRUIJN_MUL
 from .compiled import enabled
 
 __all__ = ["compensate_norms", "segment_topk", "warm_up"]
 
 #: elements per block of the candidate pass (its hits are counted before any is collected)
 _BLOCK = 64
-#: de Bruijn sequence for the position of a 64-bit word's lowest set bit: ``_DEBRUIJN[(low * MUL) >> 58]``
-_DEBRUIJN_MUL = np.uint64(0x03F79D71B4CB0A89)
-_DEBRUIJN = np.zeros(64, dtype=np.int64)
-for _i in range(64):
-    _DEBRUIJN[int((((1 << _i) * 0x03F79D71B4CB0A89) & 0xFFFFFFFFFFFFFFFF) >> 58)] = _i
-del _i
 #: adjacent keys per sample run (16 float32 = one 64-byte cache line): the sample's cost is its cache misses
 _RUN = 16
 #: an order statistic of rank up to this (from the top) is found by one scan keeping the largest keys seen
