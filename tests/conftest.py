@@ -58,6 +58,17 @@ def mpiexec_prefix(timeout: int = MPI_TIMEOUT) -> tuple[list[str], dict[str, str
     return argv, dict(plan.env)
 
 
+class GatherComm:
+    """``allgather_obj`` of a world whose other ranks hold ``others`` (this rank's object first), for unit
+    tests of a reduction over ranks without MPI."""
+
+    def __init__(self, others):
+        self.others = others
+
+    def allgather_obj(self, obj):
+        return [obj, *self.others]
+
+
 class SelfComm:
     """A one-rank stand-in for the communicator in unit tests (no MPI): every collective returns this
     rank's own data; device arrays pass through (``x.copy()`` on their own module)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from conftest import GatherComm
 from mpisparse.cli import cli
 from mpisparse.config import BenchConfig, ConfigMismatch, MPConfig, TrainConfig, check_agreement
 
@@ -44,28 +45,18 @@ def test_validate_fills_the_option_defaults_and_checks_the_world():
                                                                                         "select_kernel": "native"}
 
 
-class FakeComm:
-    """``allgather_obj`` of a world whose other ranks hold ``others``."""
-
-    def __init__(self, others):
-        self.others = others
-
-    def allgather_obj(self, obj):
-        return [obj, *self.others]
-
-
 def test_agreement_compares_every_field_but_the_per_rank_ones():
     from dataclasses import asdict
 
     mine = [TrainConfig(scheme="topk"), TrainConfig(scheme="dense")]
     same = [{k: v for k, v in asdict(c).items() if k != "data_dir"} for c in mine]
-    check_agreement(FakeComm([same]), mine)
+    check_agreement(GatherComm([same]), mine)
     other = [dict(c, bptt=12) for c in same]  # a field no hand-picked list held
     with pytest.raises(ConfigMismatch, match=r"^ranks disagree on the configuration: bptt: rank 0 has 35, "
                                              r"rank 1 has 12$"):
-        check_agreement(FakeComm([other]), mine)
+        check_agreement(GatherComm([other]), mine)
     with pytest.raises(ConfigMismatch, match="schemes: rank 0 has"):
-        check_agreement(FakeComm([same[:1]]), mine)
+        check_agreement(GatherComm([same[:1]]), mine)
 
 
 def test_agreement_names_nested_fields_and_the_communicator_settings():
@@ -77,7 +68,7 @@ def test_agreement_names_nested_fields_and_the_communicator_settings():
     theirs[0]["check_collectives"] = False
     with pytest.raises(ConfigMismatch, match=r"check_collectives: rank 0 has True, rank 1 has False; "
                                              r"mp.micro_batches: rank 0 has 1, rank 1 has 4$"):
-        check_agreement(FakeComm([theirs]), mine)
+        check_agreement(GatherComm([theirs]), mine)
 
 
 def test_config_differences_ignores_the_named_fields():

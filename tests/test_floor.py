@@ -10,23 +10,13 @@ import types
 import numpy as np
 import pytest
 
-from conftest import bench_step
+from conftest import GatherComm, bench_step
 from mpisparse import device
 from mpisparse.bench.step import FloorPass
 from mpisparse.config import BenchConfig
 from mpisparse.fusion import FusionLayout
 from mpisparse.results import RunResult
 from mpisparse.results.tables import compute_seconds, format_run
-
-
-class _Comm:
-    """``allgather_obj`` over a fixed list of ranks' objects (this rank's replaced by what it passes)."""
-
-    def __init__(self, others):
-        self.others = others
-
-    def allgather_obj(self, obj):
-        return [obj, *self.others]
 
 
 def test_the_floor_pass_adds_the_gradient_and_keeps_only_the_recorded_times():
@@ -45,7 +35,7 @@ def test_the_floor_pass_adds_the_gradient_and_keeps_only_the_recorded_times():
 def test_the_floor_result_is_the_max_over_ranks_of_means_and_the_median_of_the_steps_slowest_rank():
     floor = FloorPass(FusionLayout([("w", (4,))]), np)
     floor.seconds = [1.0, 5.0, 3.0]  # this rank: mean 3
-    res = floor.result(_Comm([[2.0, 2.0, 8.0]]))  # the other rank: mean 4
+    res = floor.result(GatherComm([[2.0, 2.0, 8.0]]))  # the other rank: mean 4
     assert res == {"seconds": 4.0, "seconds_median": 5.0}  # per step max: 2, 5, 8
 
 
