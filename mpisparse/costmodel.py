@@ -52,12 +52,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-__all__ = ["Link", "Rates", "SCHEMES", "crossover", "fit_link", "measure_rates", "parse_rate", "predict",
-           "rates_from_times", "sharing", "slowest", "total"]
+__all__ = ["Link", "Rates", "SCHEMES", "crossover", "fit_link", "loaded_rates", "measure_rates", "parse_rate",
+           "predict", "rates_from_times", "sharing", "slowest", "total"]
 
 #: schemes the model covers
 SCHEMES = ("dense", "topk", "cltk", "deft", "gtopk")
@@ -422,6 +422,20 @@ def _kernel_times(n: int, density: float, dense_density: float, repeats: int, gr
     ks = np.maximum(1, (sizes * density).astype(np.int64))
     out["segmented"] = timed(lambda: nk.segment_topk_abs(e, starts, sizes, ks))
     return out
+
+
+def loaded_rates(alone: Rates, at_once: Rates, floor: float) -> Rates:
+    """The rates of a step whose own job timed its memory passes at ``floor`` seconds per element
+    (``bench step --floor``: one ``e += g`` on every rank at once, each rank's share of the cores taken out,
+    :func:`sharing`).  A roofline: ``stream`` is that pass; ``fused`` reads and writes the same vectors and
+    does more per element, so it takes the longer of the floor and its rate ``alone`` (bandwidth-bound on a
+    loaded machine, compute-bound on a quiet one); every other kernel keeps its rate ``at_once`` (the
+    read-only passes move a third of the bytes; pick, scatter and merge wait on cache misses, not on
+    bandwidth).  A shared machine's memory passes run up to twice as fast at one moment as at the next:
+    the floor is the speed of the step's own moment."""
+    if not floor > 0:
+        raise ValueError(f"floor is {floor} s per element; it must be > 0")
+    return replace(at_once, stream=floor, fused=max(alone.fused, floor))
 
 
 def rates_dict(r: Rates) -> dict[str, float]:

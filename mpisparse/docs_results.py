@@ -440,10 +440,15 @@ def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
         m = m[0]
     link = m.get("link", {})
     rows = [[f"`{v['scheme']}`", v["density"], v["world_size"], _ms(v["predicted_seconds"], 1),
-             _ms(v["measured_seconds"], 1), f"{100 * v['error']:+.0f}%"]
+             _ms(v["measured_seconds"], 1), f"{100 * v['error']:+.0f}%",
+             f"{v['floor_seconds_per_element'] * 1e9:.2f}" if v.get("error_floor") is not None else "—",
+             _ms(v.get("predicted_seconds_floor"), 1),
+             f"{100 * v['error_floor']:+.0f}%" if v.get("error_floor") is not None else "—"]
             for v in sorted(m.get("validation", []), key=lambda v: (v["density"], v["world_size"], v["scheme"]))]
     errs = [abs(v["error"]) for v in m.get("validation", []) if v.get("error") is not None]
     within = sum(e <= 0.2 for e in errs)
+    errs_floor = [abs(v["error_floor"]) for v in m.get("validation", []) if v.get("error_floor") is not None]
+    within_floor = sum(e <= 0.2 for e in errs_floor)
     cross = m.get("topk_slower_than_dense_at_world", {})
     rates = m.get("rates_seconds_per_element", {})
     at_once = m.get("rates_at_once_seconds_per_element") or {}
@@ -459,8 +464,15 @@ def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
             + f". Predictions of the measured points use the rates of min(W, {m.get('shared_cores')}) processes "
               f"at once and stretch compute by W / {m.get('shared_cores')} (every emulated host shares this "
               "machine's cores); the curves to W = 1,024 assume a core per rank and the rates alone.\n\n"
-            + md_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"], rows)
-            + f"\n\n{within} of {len(errs)} predictions within 20% of the measured step. Top-k's build-up makes its "
+            + md_table(["scheme", "density", "W", "predicted ms", "measured ms", "error", "floor ns",
+                        "at the floor ms", "error at the floor"], rows)
+            + f"\n\n{within} of {len(errs)} predictions within 20% of the measured step with the rates the command "
+              f"measured; {within_floor} of {len(errs_floor)} at the floor of the step's own job (floor ns: its "
+              "`e += g` pass on every rank at once, `bench step --floor`, per element, each rank's turns on the "
+              "cores taken out; the stream rate is then that floor, the fused pass the longer of the floor and "
+              "its rate alone, the other kernels their rates at once: `costmodel.loaded_rates`). This machine is "
+              "shared: its memory passes run up to twice as fast at one moment as at the next, and the rates "
+              "are measured at another moment than the steps. Top-k's build-up makes its "
               "predicted step slower than dense's from W = "
             + ", ".join(f"{c if c else 'never (to 2^20)'} (density {d})" for d, c in cross.items())
             + " (a core per rank). Picture: [plots/cost-model.png](plots/cost-model.png) (predicted curves to "
@@ -478,7 +490,8 @@ _table(Table(
                           "--densities", "0.001,0.01,0.1", "--iters", "2", "--warmup", "1"], emucluster=(2, "1gbit"))]
         + [Run(f"step-h{h}-d{d}", ["bench", "step", "--model", "ncf" if quick else "resnet50"]
                + [a for s in COST_SCHEMES for a in ("--scheme", s)]
-               + ["--density", d, "--iters", "1" if quick else "3", "--warmup", "1"], emucluster=(h, "1gbit"))
+               + ["--density", d, "--iters", "1" if quick else "3", "--warmup", "1", "--floor"],
+               emucluster=(h, "1gbit"))
            for h in ((2,) if quick else (2, 4, 8)) for d in ("0.01", "0.001")]
         + [Run("model", ["bench", "model", "--model", "ncf" if quick else "resnet50", "--shared-cores", "2",
                          "--densities", "0.01,0.001"], out_options={"--exchange": "exchange.json", "--measured": ""},

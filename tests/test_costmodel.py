@@ -237,6 +237,45 @@ def test_run_model_predicts_measured_points_with_rates_of_the_ranks_at_once():
                      measured=measured)
 
 
+def test_loaded_rates_are_a_roofline_on_the_floor_of_the_steps_moment():
+    both = cm.Rates(**{k: 2 * v for k, v in cm.rates_dict(RATES).items()})
+    slow = cm.loaded_rates(RATES, both, 3e-9)  # a loaded moment: the fused pass is bandwidth-bound
+    assert slow.stream == 3e-9 and slow.fused == 3e-9
+    quick = cm.loaded_rates(RATES, both, 0.5e-9)  # a quiet one: compute-bound, at its rate alone
+    assert quick.stream == 0.5e-9 and quick.fused == RATES.fused
+    for r in (slow, quick):  # the kernels bound by cache misses or a third of the bytes keep their rates at once
+        assert (r.topk, r.segmented, r.pick, r.scatter, r.merge) == (both.topk, both.segmented, both.pick,
+                                                                      both.scatter, both.merge)
+    with pytest.raises(ValueError, match="floor is 0 s per element"):
+        cm.loaded_rates(RATES, both, 0)
+
+
+def test_a_measured_floor_predicts_its_point_at_that_moment_and_leaves_the_link():
+    from mpisparse.bench import model as bm
+
+    both = cm.Rates(**{k: 2 * v for k, v in cm.rates_dict(RATES).items()})
+    n = 10**6
+    # W = 4 on 2 cores: each rank has half a core, so its floor pass took twice 3 ns per element
+    point = {"scheme": "topk", "world_size": 4, "density_target": 0.01, "n": n, "step_seconds": 1.0,
+             "floor": {"seconds": 2 * n * 3e-9, "seconds_median": 0.0}}
+    assert bm.floor_rate(point, 2) == pytest.approx(3e-9)
+    assert bm.floor_rate({**point, "world_size": 2}, 2) == pytest.approx(6e-9)
+    assert bm.floor_rate({**point, "floor": None}, 2) is None
+    res = bm.run_model(model="ncf", densities=[0.01], worlds=[2], link=LINK, rates=RATES, shared_cores=2,
+                       measured=[point, {**point, "world_size": 2, "floor": None}], rates_at=lambda p: both)
+    with_floor, without = res["validation"]
+    at = cm.predict("topk", n, 0.01, 4, LINK, cm.loaded_rates(RATES, both, 3e-9), shared_cores=2)
+    plain = cm.predict("topk", n, 0.01, 4, LINK, both, shared_cores=2)
+    assert with_floor["floor_seconds_per_element"] == pytest.approx(3e-9)
+    assert with_floor["predicted_seconds_floor"] == pytest.approx(cm.total(at))
+    assert with_floor["error_floor"] == pytest.approx(cm.total(at) - 1.0)
+    assert with_floor["predicted_seconds"] == pytest.approx(cm.total(plain))  # the plain prediction stays
+    assert at["exchange"] == plain["exchange"] and at["compensate"] == pytest.approx(plain["compensate"] * 3 / 2.4)
+    assert "error_floor" not in without
+    text = bm.format_model(res)
+    assert "at the floor ms" in text and "3.00" in text
+
+
 def test_bench_model_cli_validates_against_measured_steps(tmp_path):
     """The command end to end: predictions, crossover, a validation row per measured step, JSON, CSV, plot."""
     pytest.importorskip("matplotlib")
@@ -276,3 +315,8 @@ def test_cost_model_table_names_both_sets_of_rates_and_counts_the_band():
     text = _cost_model_render(res, False)
     assert "one process alone: stream 0.26" in text and "2 processes at once (the slowest of them): stream 0.51" in text
     assert "2 of 3 predictions within 20%" in text  # -21% is out, +20% is in
+    assert "; 0 of 0 at the floor of the step's own job" in text  # no floors: that column stays empty
+    val[1].update(floor_seconds_per_element=4.4e-10, predicted_seconds_floor=0.95, error_floor=-0.05)
+    text = _cost_model_render(res, False)
+    assert "| `topk` | 0.01 | 4 | 790.0 | 1,000.0 | -21% | 0.44 | 950.0 | -5% |" in text
+    assert "; 1 of 1 at the floor of the step's own job" in text

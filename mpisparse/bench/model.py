@@ -11,6 +11,10 @@ measured step with the prediction at the same scheme, density and W
 processes at once as ranks run at once, and its compute is stretched by the
 ranks' turns on the cores, :func:`mpisparse.costmodel.sharing`; the
 tabulated predictions assume a core per rank, rates measured alone).
+A measured step of a ``bench step --floor`` job is also predicted at the
+memory speed of its own moment (:func:`floor_rate`,
+:func:`mpisparse.costmodel.loaded_rates`): on a shared machine the rates
+and the steps are measured at different moments.
 """
 
 from __future__ import annotations
@@ -78,6 +82,18 @@ def load_measured(paths: Sequence[str]) -> list[dict[str, Any]]:
     return out
 
 
+def floor_rate(result: dict[str, Any], shared_cores: int | None) -> float | None:
+    """The memory pass of a measured ``bench step --floor`` job, seconds per element of one rank among
+    those running at once: the job's floor (``e += g``, every rank at once; each rank's mean, max over
+    ranks) over ``n`` and over the ranks' turns on the cores (:func:`mpisparse.costmodel.sharing`'s
+    ``stretch``).  None without a floor in the result."""
+    floor = (result.get("floor") or {}).get("seconds")
+    n = result.get("n")
+    if not floor or not n:
+        return None
+    return float(floor) / (int(n) * cm.sharing(int(result["world_size"]), shared_cores)[1])
+
+
 def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], link: cm.Link,
               rates: cm.Rates, shared_cores: int | None, measured: Sequence[dict[str, Any]] = (),
               rates_at: Callable[[int], cm.Rates] | None = None) -> dict[str, Any]:
@@ -85,7 +101,9 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
 
     With ``shared_cores``, a measured point at W ranks is predicted with ``rates_at(p)``, the rates of ``p``
     processes at once (``p``: :func:`mpisparse.costmodel.sharing`'s ``processes``; 1: ``rates``), each
-    ``p`` measured once."""
+    ``p`` measured once.  A measured point with a floor (``bench step --floor``) is also predicted with
+    the rates of its own job's moment (:func:`floor_rate`, :func:`mpisparse.costmodel.loaded_rates`):
+    ``floor_seconds_per_element``, ``predicted_seconds_floor``, ``error_floor``."""
     n = model_size(model)
     shared: dict[int, cm.Rates] = {1: rates}
     predictions = []
@@ -108,9 +126,16 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
             shared[procs] = rates_at(procs)
         pred = cm.total(cm.predict(r["scheme"], m_n, d, w, link, shared[procs], shared_cores=shared_cores))
         meas = float(r["step_seconds"])
-        validation.append({"scheme": r["scheme"], "density": d, "world_size": w, "n": m_n,
-                           "predicted_seconds": pred, "measured_seconds": meas,
-                           "error": (pred - meas) / meas if meas else None})
+        point = {"scheme": r["scheme"], "density": d, "world_size": w, "n": m_n,
+                 "predicted_seconds": pred, "measured_seconds": meas,
+                 "error": (pred - meas) / meas if meas else None}
+        fr = floor_rate(r, shared_cores)
+        if fr is not None:
+            at = cm.predict(r["scheme"], m_n, d, w, link, cm.loaded_rates(rates, shared[procs], fr),
+                            shared_cores=shared_cores)
+            point.update(floor_seconds_per_element=fr, predicted_seconds_floor=cm.total(at),
+                         error_floor=(cm.total(at) - meas) / meas if meas else None)
+        validation.append(point)
     return {"model": model, "n": n, "link": {"latency_seconds": link.latency, "bytes_per_second": link.bandwidth},
             "rates_seconds_per_element": cm.rates_dict(rates), "shared_cores": shared_cores,
             "rates_at_once_seconds_per_element": {str(p): cm.rates_dict(r) for p, r in sorted(shared.items())
@@ -138,11 +163,21 @@ def format_model(res: dict[str, Any]) -> str:
                                   [[str(w)] + [f"{v[s] * 1e3:,.1f}" for s in cm.SCHEMES] for w, v in rows.items()]))
     if res["validation"]:
         lines.append("\npredicted vs measured")
-        lines.append(simple_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"],
+        floor = any("error_floor" in v for v in res["validation"])
+        lines.append(simple_table(["scheme", "density", "W", "predicted ms", "measured ms", "error"]
+                                  + (["floor ns", "at the floor ms", "error"] if floor else []),
                                   [[v["scheme"], str(v["density"]), str(v["world_size"]),
                                     f"{v['predicted_seconds'] * 1e3:,.1f}", f"{v['measured_seconds'] * 1e3:,.1f}",
-                                    f"{100 * v['error']:+.0f}%"] for v in res["validation"]]))
+                                    f"{100 * v['error']:+.0f}%"] + (_floor_cells(v) if floor else [])
+                                   for v in res["validation"]]))
     return "\n".join(lines)
+
+
+def _floor_cells(v: dict[str, Any]) -> list[str]:
+    if v.get("error_floor") is None:
+        return ["-", "-", "-"]
+    return [f"{v['floor_seconds_per_element'] * 1e9:.2f}", f"{v['predicted_seconds_floor'] * 1e3:,.1f}",
+            f"{100 * v['error_floor']:+.0f}%"]
 
 
 def _rates_text(rates: dict[str, float]) -> str:
