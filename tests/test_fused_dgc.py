@@ -41,6 +41,25 @@ def test_momentum_pass_is_the_numpy_steps(m, t):
     assert np.array_equal(u2, u3, equal_nan=True) and np.array_equal(v2, v3, equal_nan=True)
 
 
+@needs_numba
+def test_momentum_pass_fills_its_buffer_exactly_and_counts_past_it():
+    """The hits collected by bit in each block: a buffer of exactly the hits holds them all, ascending and
+    with their ``|v|``; one slot fewer gives None (the count goes on past the buffer)."""
+    n = 100_000 + 17  # a tail after the last whole block
+    u, v, g = _vecs(n, 9)
+    v[[0, 31, 32, 63, n - 1]] = 50.0  # first and last of a block, and the tail
+    ref_u = u * np.float32(0.9) + g
+    want = nk.threshold_select(v + ref_u, 2.0)
+    for cap, ok in ((want.size, True), (want.size - 1, False)):
+        u1, v1 = u.copy(), v.copy()
+        got = fused.compensate_momentum(u1, v1, g, 0.9, 2.0, cap, with_values=True, fused=True)
+        if ok:
+            assert np.array_equal(got[0], want) and np.array_equal(got[1], np.abs(v1[want]))
+        else:
+            assert got is None
+    assert {0, 31, 32, 63, n - 1} <= set(want.tolist())
+
+
 def test_momentum_plain_path_without_the_compiled_loop():
     u, v, g = _vecs(1000, 1)
     ref_u = u * np.float32(0.5) + g

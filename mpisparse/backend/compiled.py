@@ -8,15 +8,15 @@ the residual (``e += g``), :func:`_select_pass` only reads,
 :func:`_segments_fused_pass` / :func:`_segments_select_pass` use one
 threshold per segment (DCT's layers). Each walks the vector in blocks of
 :data:`_BLOCK` (:data:`_READ_BLOCK` for the read-only ones). The read-only
-and momentum loops count a block's hits before collecting them (the count
-vectorises; a max reduction would not without fast-math), so the read-only
-pass runs at about the speed of a read of the vector, and collect a block
-with hits without branches when the buffer has room for all of it
-(:func:`_collect`). The adding loop (:func:`_add_collect`) sets a bit per
-hit in its vectorised loop and collects the set bits one by one, so its
+loop counts a block's hits before collecting them (the count vectorises; a
+max reduction would not without fast-math), so it runs at about the speed
+of a read of the vector, and collects a block with hits without branches
+when the buffer has room for all of it (:func:`_collect`). The adding loop
+(:func:`_add_collect`) and the momentum loop set a bit per hit in their
+vectorised loop and collect the set bits one by one, so their
 cost does not grow with the blocks that have a hit (threshold's and DCT's
-drifted densities); it can also keep each hit's value and zero it in the
-residual (:func:`_hit`). :func:`_sample_sum_abs` reads a threshold sample
+drifted densities); the adding loop can also keep each hit's value and
+zero it in the residual (:func:`_hit`). :func:`_sample_sum_abs` reads a threshold sample
 as runs of one cache line. :mod:`mpisparse.backend.fused` builds the fused
 compensation + selection on them, :func:`mpisparse.backend.numpy_kernels.topk_abs`
 its candidate pass (:func:`select_ge`).
@@ -229,18 +229,29 @@ try:  # optional: the compiled loop
         c = 0
         s = 0  # next sample
         p = _stratum_position(key, 0, n, ms) if ms > 0 else n
+        cap = cand.shape[0]
+        one = np.uint64(1)
         full = n - n % _BLOCK
         for b in range(0, full, _BLOCK):
-            hits = 0
-            for j in range(b, b + _BLOCK):
-                a = u[j] * m
-                a = a + g[j]
-                u[j] = a
-                w = v[j] + a
-                v[j] = w
-                hits += abs(w) >= t
-            if hits:
-                c = _collect_values(v, b, b + _BLOCK, t, cand, cval, c)
+            ub = u[b:b + _BLOCK]  # slices of constant length: the loop below vectorises
+            vb = v[b:b + _BLOCK]
+            gb = g[b:b + _BLOCK]
+            bits = np.uint64(0)
+            for j in range(_BLOCK):
+                a = ub[j] * m
+                a = a + gb[j]
+                ub[j] = a
+                w = vb[j] + a
+                vb[j] = w
+                bits |= np.uint64(abs(w) >= t) << np.uint64(j)
+            while bits:  # the hits in ascending order, one step each (as _add_collect)
+                low = bits & (~bits + one)
+                j = DEBRUIJN[(low * DEBRUIJN_MUL) >> np.uint64(58)]
+                bits ^= low
+                if c < cap:
+                    cand[c] = b + j
+                    cval[c] = abs(vb[j])
+                c += 1
             while p < b + _BLOCK:
                 samp[s] = abs(v[p])
                 s += 1
