@@ -441,7 +441,7 @@ def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
     link = m.get("link", {})
     rows = [[f"`{v['scheme']}`", v["density"], v["world_size"], _ms(v["predicted_seconds"], 1),
              _ms(v["measured_seconds"], 1), f"{100 * v['error']:+.0f}%",
-             f"{v['floor_seconds_per_element'] * 1e9:.2f}" if v.get("floor_seconds_per_element") else "—",
+             f"{v['floor_seconds_per_element'] * 1e9:.2f}" if v.get("error_floor") is not None else "—",
              _ms(v.get("predicted_seconds_floor"), 1),
              f"{100 * v['error_floor']:+.0f}%" if v.get("error_floor") is not None else "—"]
             for v in sorted(m.get("validation", []), key=lambda v: (v["density"], v["world_size"], v["scheme"]))]
@@ -467,12 +467,10 @@ def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
             + md_table(["scheme", "density", "W", "predicted ms", "measured ms", "error", "floor ns",
                         "at the floor ms", "error at the floor"], rows)
             + f"\n\n{within} of {len(errs)} predictions within 20% of the measured step with the rates the command "
-              f"measured; {within_floor} of {len(errs_floor)} at the floor of the step's own job where every "
-              "rank had a core of its own (W <= the cores), at the rates at once elsewhere (floor ns: the job's "
-              "`e += g` pass on every rank at once, `bench step --floor`, per element; at that moment the stream "
-              "rate is the floor, the fused pass the longer of the floor and its rate alone, the other kernels "
-              "their rates at once: `costmodel.loaded_rates`; a rank that takes turns on a core times its pass "
-              "from when it first runs, so more ranks than cores leave the floor unknown). This machine is "
+              f"measured; {within_floor} of {len(errs_floor)} at the floor of the step's own job (floor ns: its "
+              "`e += g` pass on every rank at once, `bench step --floor`, per element, each rank's turns on the "
+              "cores taken out; the stream rate is then that floor, the fused pass the longer of the floor and "
+              "its rate alone, the other kernels their rates at once: `costmodel.loaded_rates`). This machine is "
               "shared: its memory passes run up to twice as fast at one moment as at the next, and the rates "
               "are measured at another moment than the steps. Top-k's build-up makes its "
               "predicted step slower than dense's from W = "

@@ -250,31 +250,27 @@ def test_loaded_rates_are_a_roofline_on_the_floor_of_the_steps_moment():
         cm.loaded_rates(RATES, both, 0)
 
 
-def test_a_measured_floor_predicts_its_point_at_that_moment_where_each_rank_had_a_core():
+def test_a_measured_floor_predicts_its_point_at_that_moment_and_leaves_the_link():
     from mpisparse.bench import model as bm
 
     both = cm.Rates(**{k: 2 * v for k, v in cm.rates_dict(RATES).items()})
     n = 10**6
-    point = {"scheme": "topk", "world_size": 2, "density_target": 0.01, "n": n, "step_seconds": 1.0,
-             "floor": {"seconds": n * 3e-9, "seconds_median": 0.0}}
+    # W = 4 on 2 cores: each rank has half a core, so its floor pass took twice 3 ns per element
+    point = {"scheme": "topk", "world_size": 4, "density_target": 0.01, "n": n, "step_seconds": 1.0,
+             "floor": {"seconds": 2 * n * 3e-9, "seconds_median": 0.0}}
     assert bm.floor_rate(point, 2) == pytest.approx(3e-9)
-    assert bm.floor_rate(point, None) == pytest.approx(3e-9)  # a core per rank
-    assert bm.floor_rate({**point, "world_size": 4}, 2) is None  # ranks taking turns on the cores: unknown
-    assert bm.floor_rate({**point, "world_size": 4}, 4) == pytest.approx(3e-9)
+    assert bm.floor_rate({**point, "world_size": 2}, 2) == pytest.approx(6e-9)
     assert bm.floor_rate({**point, "floor": None}, 2) is None
-    shared = {**point, "world_size": 4}
     res = bm.run_model(model="ncf", densities=[0.01], worlds=[2], link=LINK, rates=RATES, shared_cores=2,
-                       measured=[point, shared, {**point, "floor": None}], rates_at=lambda p: both)
-    own, turns, without = res["validation"]
-    at = cm.predict("topk", n, 0.01, 2, LINK, cm.loaded_rates(RATES, both, 3e-9), shared_cores=2)
-    plain = cm.predict("topk", n, 0.01, 2, LINK, both, shared_cores=2)
-    assert own["floor_seconds_per_element"] == pytest.approx(3e-9)
-    assert own["predicted_seconds_floor"] == pytest.approx(cm.total(at))
-    assert own["error_floor"] == pytest.approx(cm.total(at) - 1.0)
-    assert own["predicted_seconds"] == pytest.approx(cm.total(plain))  # the plain prediction stays
+                       measured=[point, {**point, "world_size": 2, "floor": None}], rates_at=lambda p: both)
+    with_floor, without = res["validation"]
+    at = cm.predict("topk", n, 0.01, 4, LINK, cm.loaded_rates(RATES, both, 3e-9), shared_cores=2)
+    plain = cm.predict("topk", n, 0.01, 4, LINK, both, shared_cores=2)
+    assert with_floor["floor_seconds_per_element"] == pytest.approx(3e-9)
+    assert with_floor["predicted_seconds_floor"] == pytest.approx(cm.total(at))
+    assert with_floor["error_floor"] == pytest.approx(cm.total(at) - 1.0)
+    assert with_floor["predicted_seconds"] == pytest.approx(cm.total(plain))  # the plain prediction stays
     assert at["exchange"] == plain["exchange"] and at["compensate"] == pytest.approx(plain["compensate"] * 3 / 2.4)
-    assert turns["floor_seconds_per_element"] is None  # W = 4 on 2 cores: the rates at once
-    assert turns["predicted_seconds_floor"] == turns["predicted_seconds"]
     assert "error_floor" not in without
     text = bm.format_model(res)
     assert "at the floor ms" in text and "3.00" in text

@@ -11,10 +11,10 @@ measured step with the prediction at the same scheme, density and W
 processes at once as ranks run at once, and its compute is stretched by the
 ranks' turns on the cores, :func:`mpisparse.costmodel.sharing`; the
 tabulated predictions assume a core per rank, rates measured alone).
-A measured step of a ``bench step --floor`` job where every rank had a
-core is also predicted at the memory speed of its own moment
-(:func:`floor_rate`, :func:`mpisparse.costmodel.loaded_rates`): on a
-shared machine the rates and the steps are measured at different moments.
+A measured step of a ``bench step --floor`` job is also predicted at the
+memory speed of its own moment (:func:`floor_rate`,
+:func:`mpisparse.costmodel.loaded_rates`): on a shared machine the rates
+and the steps are measured at different moments.
 """
 
 from __future__ import annotations
@@ -83,17 +83,15 @@ def load_measured(paths: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def floor_rate(result: dict[str, Any], shared_cores: int | None) -> float | None:
-    """The memory pass of a measured ``bench step --floor`` job, seconds per element: the job's floor
-    (``e += g``, every rank at once; each rank's mean, max over ranks) over ``n``.  None without a floor,
-    and where the ranks outnumber the cores (:func:`mpisparse.costmodel.sharing`'s ``stretch`` > 1): a
-    rank that takes turns on a core times its pass from when it first runs, so its span is not the
-    pass's time at once nor a known multiple of it (on 2 cores, the floors of 4 and 8 ranks came out well
-    under 2 and 4 times the pass of 2 processes at once: docs/performance.md)."""
+    """The memory pass of a measured ``bench step --floor`` job, seconds per element of one rank among
+    those running at once: the job's floor (``e += g``, every rank at once; each rank's mean, max over
+    ranks) over ``n`` and over the ranks' turns on the cores (:func:`mpisparse.costmodel.sharing`'s
+    ``stretch``).  None without a floor in the result."""
     floor = (result.get("floor") or {}).get("seconds")
     n = result.get("n")
-    if not floor or not n or cm.sharing(int(result["world_size"]), shared_cores)[1] > 1:
+    if not floor or not n:
         return None
-    return float(floor) / int(n)
+    return float(floor) / (int(n) * cm.sharing(int(result["world_size"]), shared_cores)[1])
 
 
 def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], link: cm.Link,
@@ -103,10 +101,9 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
 
     With ``shared_cores``, a measured point at W ranks is predicted with ``rates_at(p)``, the rates of ``p``
     processes at once (``p``: :func:`mpisparse.costmodel.sharing`'s ``processes``; 1: ``rates``), each
-    ``p`` measured once.  A measured point of a ``bench step --floor`` job is also predicted with the
-    rates of its own job's moment (:func:`floor_rate`, :func:`mpisparse.costmodel.loaded_rates`) where
-    every rank had a core, else as above: ``floor_seconds_per_element`` (None: not used),
-    ``predicted_seconds_floor``, ``error_floor``."""
+    ``p`` measured once.  A measured point with a floor (``bench step --floor``) is also predicted with
+    the rates of its own job's moment (:func:`floor_rate`, :func:`mpisparse.costmodel.loaded_rates`):
+    ``floor_seconds_per_element``, ``predicted_seconds_floor``, ``error_floor``."""
     n = model_size(model)
     shared: dict[int, cm.Rates] = {1: rates}
     predictions = []
@@ -132,13 +129,12 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
         point = {"scheme": r["scheme"], "density": d, "world_size": w, "n": m_n,
                  "predicted_seconds": pred, "measured_seconds": meas,
                  "error": (pred - meas) / meas if meas else None}
-        if r.get("floor"):  # a --floor job: predicted at its moment where its floor tells it
-            fr = floor_rate(r, shared_cores)
-            at = pred if fr is None else cm.total(cm.predict(r["scheme"], m_n, d, w, link,
-                                                             cm.loaded_rates(rates, shared[procs], fr),
-                                                             shared_cores=shared_cores))
-            point.update(floor_seconds_per_element=fr, predicted_seconds_floor=at,
-                         error_floor=(at - meas) / meas if meas else None)
+        fr = floor_rate(r, shared_cores)
+        if fr is not None:
+            at = cm.predict(r["scheme"], m_n, d, w, link, cm.loaded_rates(rates, shared[procs], fr),
+                            shared_cores=shared_cores)
+            point.update(floor_seconds_per_element=fr, predicted_seconds_floor=cm.total(at),
+                         error_floor=(cm.total(at) - meas) / meas if meas else None)
         validation.append(point)
     return {"model": model, "n": n, "link": {"latency_seconds": link.latency, "bytes_per_second": link.bandwidth},
             "rates_seconds_per_element": cm.rates_dict(rates), "shared_cores": shared_cores,
@@ -180,8 +176,7 @@ def format_model(res: dict[str, Any]) -> str:
 def _floor_cells(v: dict[str, Any]) -> list[str]:
     if v.get("error_floor") is None:
         return ["-", "-", "-"]
-    fr = v.get("floor_seconds_per_element")
-    return ["-" if fr is None else f"{fr * 1e9:.2f}", f"{v['predicted_seconds_floor'] * 1e3:,.1f}",
+    return [f"{v['floor_seconds_per_element'] * 1e9:.2f}", f"{v['predicted_seconds_floor'] * 1e3:,.1f}",
             f"{100 * v['error_floor']:+.0f}%"]
 
 
