@@ -75,3 +75,28 @@ def test_torchrun_is_detected_only_without_mpi():
     assert under_torchrun(TORCHRUN_ENV)
     assert not under_torchrun({**TORCHRUN_ENV, "PMI_RANK": "0"})
     assert not under_torchrun({})
+
+
+@pytest.mark.parametrize("argv, done, ended", [
+    (["--version"], True, [0]),  # a torchrun job done: the process ends at once, its streams flushed
+    (["--version"], False, []),  # any other run: the interpreter's exit
+    (["no-such-command"], True, []),  # a failure keeps its code and the usual exit
+])
+def test_a_finished_torchrun_job_ends_without_the_interpreters_teardown(argv, done, ended, monkeypatch):
+    import importlib
+
+    from mpisparse.cli import session
+
+    m = importlib.import_module("mpisparse.cli.main")  # the module (the package exports its function main)
+    calls = []
+
+    def fake_exit(code):
+        calls.append(code)
+        raise SystemExit(code)
+
+    monkeypatch.setattr(m.os, "_exit", fake_exit)
+    monkeypatch.setattr(session, "END_WITHOUT_TEARDOWN", [done])
+    with pytest.raises(SystemExit) as e:
+        m.main(argv)
+    assert calls == ended
+    assert (e.value.code == 0) == (argv == ["--version"])

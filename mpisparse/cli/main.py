@@ -67,7 +67,12 @@ def main(argv: list[str] | None = None) -> None:
         from .. import signals
 
         signals.ignore_late_usr1()
-    sys.exit(code if isinstance(code, int) else 0)
+    code = code if isinstance(code, int) else 0
+    if session.END_WITHOUT_TEARDOWN[0] and code == 0:  # a torchrun job, done and written (session.py says why)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    sys.exit(code)
 
 
 def _one_line(e: BaseException) -> str:

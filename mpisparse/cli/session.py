@@ -17,6 +17,11 @@ __all__ = ["ARGV", "agree_on_config", "maybe_relaunch", "open_comm"]
 
 #: the command line this process was started with (re-used by -n)
 ARGV: list[str] = []
+#: set by a torchrun job once its process group is destroyed and its output written: :func:`mpisparse.cli.main.main`
+#: then ends the process without the interpreter's teardown, where torch's C++ threads of a gloo job were seen to
+#: abort it (``terminate called without an active exception``, SIGABRT, no Python frame left: ``deft`` under
+#: ``torchrun --nproc-per-node 2`` beside two busy processes on 2 cores, 1 run in 12 and 1 in 17)
+END_WITHOUT_TEARDOWN: list[bool] = [False]
 
 
 def maybe_relaunch(nprocs: int | None, timeout: int | None) -> bool:

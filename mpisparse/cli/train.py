@@ -17,7 +17,7 @@ from ..launch import under_mpi_launcher, under_torchrun
 from ..registry import SCHEMES
 from ..results.trace import trace_path
 from ..runtimes import check_servers, check_torchrun, schemes_of
-from . import output
+from . import output, session
 from .options import (progress_options, trace_option, SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
                       pick_scheme_options, scheme_options, step_options, usage, validated, writable_dir)
 from .session import maybe_relaunch, open_comm, open_torch_dist
@@ -148,6 +148,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
         output.finish_train(results, steps, log, json_path, plot_path)
     if hasattr(comm, "close"):  # torch.distributed (torchrun): end the process group on every rank
         comm.close()
+        session.END_WITHOUT_TEARDOWN[0] = True
 
 
 def _torchrun(launcher: str, nprocs: int | None, cfgs) -> bool:
