@@ -95,7 +95,7 @@ def test_a_finished_torchrun_job_ends_without_the_interpreters_teardown(argv, do
         raise SystemExit(code)
 
     monkeypatch.setattr(m.os, "_exit", fake_exit)
-    monkeypatch.setattr(session, "END_WITHOUT_TEARDOWN", [done])
+    monkeypatch.setattr(session, "END_WITHOUT_TEARDOWN", done)
     with pytest.raises(SystemExit) as e:
         m.main(argv)
     assert calls == ended

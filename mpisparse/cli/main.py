@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
         signals.ignore_late_usr1()
     code = code if isinstance(code, int) else 0
-    if session.END_WITHOUT_TEARDOWN[0] and code == 0:  # a torchrun job, done and written (session.py says why)
+    if session.END_WITHOUT_TEARDOWN and code == 0:  # a torchrun job, done and written (session.py says why)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)

@@ -21,7 +21,7 @@ ARGV: list[str] = []
 #: then ends the process without the interpreter's teardown, where torch's C++ threads of a gloo job were seen to
 #: abort it (``terminate called without an active exception``, SIGABRT, no Python frame left: ``deft`` under
 #: ``torchrun --nproc-per-node 2`` beside two busy processes on 2 cores, 1 run in 12 and 1 in 17)
-END_WITHOUT_TEARDOWN: list[bool] = [False]
+END_WITHOUT_TEARDOWN = False
 
 
 def maybe_relaunch(nprocs: int | None, timeout: int | None) -> bool:

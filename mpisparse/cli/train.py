@@ -148,7 +148,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
         output.finish_train(results, steps, log, json_path, plot_path)
     if hasattr(comm, "close"):  # torch.distributed (torchrun): end the process group on every rank
         comm.close()
-        session.END_WITHOUT_TEARDOWN[0] = True
+        session.END_WITHOUT_TEARDOWN = True
 
 
 def _torchrun(launcher: str, nprocs: int | None, cfgs) -> bool:
