@@ -22,12 +22,14 @@ pairwise       log2(W) (2 a + m b) (sendrecv, both ways at once)  gtopk (k indic
 =============  ================================================  =========================
 
 Compute, at the measured rates (:class:`Rates`): compensation and the
-candidate search stream over the ``n`` elements (``fused``; DEFT's
-compensation with its layer norms: ``stream``); the exact pick costs
-``pick`` per selected element (the fused pass's candidates cut to ``k`` and
-the values gathered; the leader's in cltk, the others wait for its Bcast);
-DEFT selects over its share of the layers, ``n / W`` times the partition's
-imbalance, ``segmented`` per element plus ``pick`` per element it selects;
+candidate search stream over the ``n`` elements (``fused``); the exact pick
+costs ``pick`` per selected element (the fused pass's candidates cut to
+``k`` and the values gathered; the leader's in cltk, the others wait for
+its Bcast); DEFT's pass compensates every layer and sums its norm
+(``stream``) and, in its share of the layers (``n / W`` times the
+partition's imbalance), also searches each layer's candidates
+(``segmented`` per element there), then picks ``pick`` per element it
+selects;
 gTop-k merges two ``k``-sets in each of its ``log2(W)`` rounds (``merge``
 per merged entry); the update scatters the received entries (``scatter``
 per entry, the compiled scatter-add with its clear and scale; top-k: ``W k``
@@ -89,7 +91,7 @@ class Rates:
     topk: float  # exact top-k of a compensated vector (whole vector, density 0.001-0.01)
     fused: float  # compensation and top-k in one pass (mpisparse/backend/fused.py), or stream + topk
     scatter: float  # one received (index, value) added into the dense output (clear and scale included)
-    segmented: float  # DEFT's per-layer top-k over a rank's layers, per element
+    segmented: float  # DEFT's pass over a rank's own layers: e += g, the norms, each layer's candidate search
     pick: float = 0.0  # per selected element: the exact pick among the candidates and the values' gather
     merge: float = 0.0  # gTop-k: per entry of the two k-sets one round merges (union, sum, top k)
 
@@ -160,7 +162,7 @@ def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: 
         comm = _bcast(k * _INDEX_BYTES, W, a, b) + 2 * lg * a + 2 * (W - 1) / W * k * _VALUE_BYTES * b
     elif scheme == "deft":
         frac = min(1.0, imbalance / W)
-        comp = {"compensate": stream * n, "select": rates.segmented * n * frac + rates.pick * k * frac,
+        comp = {"compensate": stream * n * (1 - frac) + rates.segmented * n * frac, "select": rates.pick * k * frac,
                 "update": rates.scatter * k}
         from .schemes.deft import PACK_COST  # "size": every rank packs the same bins once, no Bcast
         comm = ((lg * a if PACK_COST == "eq3" else 0.0)  # the leader's bins (an int32 per layer: a short Bcast)
@@ -243,7 +245,8 @@ def measure_rates(n: int = 1 << 23, density: float = 0.001, repeats: int = 5, *,
     ``timeout``: seconds the processes may take in all (``processes`` > 1).
 
     ``n``: the vector size (the model's: random accesses into the output cost more the larger it is).
-    ``fused``, ``topk`` and ``segmented`` are timed at ``density``; ``pick`` is the exact pick of
+    ``fused``, ``topk`` and ``segmented`` are timed at ``density`` (``segmented``: DEFT's pass over 64 layers,
+    all of them the rank's, then its pick, per element); ``pick`` is the exact pick of
     ``dense_density * n`` elements among the fused pass's candidates and the gather of their values, per
     selected element (what ``select`` does after the pass); ``scatter`` is the
     compiled scatter-add (:func:`mpisparse.backend.scatter_sum`, the previous set cleared, the sum scaled)
@@ -358,6 +361,7 @@ def _kernel_times(n: int, density: float, dense_density: float, repeats: int, gr
     ``time.perf_counter``, one clock for all processes on Linux), each started after ``start()``: one call,
     or (``window`` > 0) as many calls as fill ``window`` seconds.  Works on its own copies of the vectors."""
     from . import backend
+    from .backend import compiled_segments
     from .backend import fused as fused_mod
     from .backend import numpy_kernels as nk
     from .schemes.gtopk import merge_topk
@@ -420,22 +424,36 @@ def _kernel_times(n: int, density: float, dense_density: float, repeats: int, gr
     starts = np.arange(layers, dtype=np.int64) * (n // layers)
     sizes = np.full(layers, n // layers, dtype=np.int64)
     ks = np.maximum(1, (sizes * density).astype(np.int64))
-    out["segmented"] = timed(lambda: nk.segment_topk_abs(e, starts, sizes, ks))
+    every = np.arange(layers, dtype=np.int64)
+    sizing = nk._segc_sizing()
+
+    def deft_pass() -> None:  # every layer the rank's: what DEFT's pass does in its own layers
+        got = compiled_segments.compensate_norms_candidates(e, g, starts, sizes, every, ks, sizing, 0)
+        if got is None:  # the plain steps (no numba): e += g, the norms, the segmented top-k
+            np.add(e, g, out=e)
+            backend.segment_norms(e, starts, sizes)
+        elif got[1] is not None:
+            compiled_segments.take_candidates(got[1], ks)
+            return
+        nk.segment_topk_abs(e, starts, sizes, ks)
+
+    out["segmented"] = timed(deft_pass)
     return out
 
 
 def loaded_rates(alone: Rates, at_once: Rates, floor: float) -> Rates:
     """The rates of a step whose own job timed its memory passes at ``floor`` seconds per element
     (``bench step --floor``: one ``e += g`` on every rank at once, each rank's share of the cores taken out,
-    :func:`sharing`).  A roofline: ``stream`` is that pass; ``fused`` reads and writes the same vectors and
-    does more per element, so it takes the longer of the floor and its rate ``alone`` (bandwidth-bound on a
-    loaded machine, compute-bound on a quiet one); every other kernel keeps its rate ``at_once`` (the
+    :func:`sharing`).  A roofline: ``stream`` is that pass; ``fused`` and ``segmented`` (DEFT's pass) read and
+    write the same vectors and do more per element, so each takes the longer of the floor and its rate
+    ``alone`` (bandwidth-bound on a loaded machine, compute-bound on a quiet one); every other kernel keeps
+    its rate ``at_once`` (the
     read-only passes move a third of the bytes; pick, scatter and merge wait on cache misses, not on
     bandwidth).  A shared machine's memory passes run up to twice as fast at one moment as at the next:
     the floor is the speed of the step's own moment."""
     if not floor > 0:
         raise ValueError(f"floor is {floor} s per element; it must be > 0")
-    return replace(at_once, stream=floor, fused=max(alone.fused, floor))
+    return replace(at_once, stream=floor, fused=max(alone.fused, floor), segmented=max(alone.segmented, floor))
 
 
 def rates_dict(r: Rates) -> dict[str, float]:

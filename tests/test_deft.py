@@ -288,6 +288,33 @@ def test_fused_norms_step_equals_the_plain_step(monkeypatch, dtype):
     assert compiled_segments.compensate_norms(e, g, starts[::-1], sizes[::-1]) is None  # not ascending
 
 
+def test_selection_from_the_pass_equals_the_plain_step(monkeypatch):
+    """From the second step on (the last k sizes the guess), Alg. 5 takes the candidates the compensation
+    pass collected in the rank's layers; output and residual equal the plain steps', also when the guess
+    misses every layer (each then selected again from the compensated vector)."""
+    from mpisparse.backend import compiled_segments
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+    runs = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("MPISPARSE_FUSED", env)
+        sch = create("deft", SelfComm(), LAYOUT, 0.05)
+        runs[env] = []
+        for t in range(5):
+            if env == "1" and t == 3:
+                sch._prev_ks = np.zeros_like(sch._prev_ks)  # a guess of 0 everywhere: no candidates
+            out = sch.step(grad_of(LAYOUT, t=t)).copy()
+            runs[env].append((out, sch.memory.residual.copy(), sch.last_from_pass, sch.last_reselected,
+                              int(np.count_nonzero(sch.last_ks))))
+    assert [r[2] for r in runs["1"]] == [False, True, True, True, True]
+    assert [r[2] for r in runs["0"]] == [False] * 5
+    assert runs["1"][3][3] == runs["1"][3][4] > 0  # step 3: every layer with a k selected again
+    assert runs["1"][1][3] == runs["1"][2][3] == 0
+    for (o1, r1, *_), (o0, r0, *_) in zip(runs["1"], runs["0"]):
+        np.testing.assert_array_equal(o1, o0)
+        np.testing.assert_array_equal(r1, r0)
+
+
 def test_scheme_density_one_is_dense_and_state_round_trips():
     sch = create("deft", SelfComm(), LAYOUT, 1.0)
     g = grad_of(LAYOUT)

@@ -283,3 +283,112 @@ def test_numpy_calls_do_not_grow_with_the_number_of_segments(monkeypatch):
         counts[S] = calls["n"]
         monkeypatch.undo()
     assert counts[2000] <= counts[20] + 5, counts
+
+
+# --------------------------------------------------------------------------
+# the compensation pass that also collects candidates (DEFT's fused Alg. 5)
+# --------------------------------------------------------------------------
+
+
+def _needs_numba():
+    if not compiled_segments._HAVE_NUMBA:
+        pytest.skip("numba is not installed (pip install mpisparse[fast])")
+
+
+def _segments_case(dtype, seed=3):
+    """Segments with a gap, sizes from 1 to 120 k, e and g of distinct magnitudes."""
+    rng = np.random.default_rng(seed)
+    sizes = np.array([5000, 70000, 30, 1, 120000, 2000, 40000], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    starts[4:] += 100  # a gap of 100 entries before segment 4 (compensated, in no segment)
+    n = int(starts[-1] + sizes[-1] + 50)
+    e = rng.standard_normal(n).astype(dtype)
+    g = rng.standard_normal(n).astype(dtype)
+    return starts, sizes, e, g
+
+
+def _check_taken(x, starts, sizes, part, ks, idx, short):
+    """Every non-short segment of ``part`` gave exactly its top ``k`` magnitudes (compared as values, so
+    that ties may go either way), grouped in the order of ``part``."""
+    w = 0
+    for j, i in enumerate(part):
+        a, s, k = int(starts[i]), int(sizes[i]), int(ks[i])
+        if short[j]:
+            continue
+        got = idx[w:w + k]
+        w += k
+        assert got.size == k and np.all((got >= a) & (got < a + s))
+        assert np.unique(got).size == k
+        want = np.sort(np.abs(x[a:a + s]))[::-1][:k]
+        np.testing.assert_array_equal(np.sort(np.abs(x[got]))[::-1], want)
+    assert w == idx.size
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pass_candidates_give_each_segments_top_k_whatever_the_guess(dtype):
+    """compensate_norms_candidates compensates as e += g and gives compensate_norms' norms bit for bit;
+    take_candidates then gives the exact top k of every segment its candidates cover, and flags the others
+    (a guess of 0: no candidates) as short."""
+    _needs_numba()
+    from mpisparse.backend import numpy_kernels as nk
+
+    starts, sizes, e0, g = _segments_case(dtype)
+    part = np.array([4, 1, 2, 3, 0, 6], np.int64)  # segment 5 is another rank's
+    ks = np.array([40, 700, 3, 1, 1200, 20, 400], np.int64)
+    plain = e0.copy()
+    norms = compiled_segments.compensate_norms(plain, g, starts, sizes)
+    for guess in (ks, ks // 4, 2 * ks, np.where(np.arange(7) == 1, 0, ks)):
+        e = e0.copy()
+        got_norms, cands = compiled_segments.compensate_norms_candidates(e, g, starts, sizes, part, guess,
+                                                                         nk._segc_sizing(), 11)
+        np.testing.assert_array_equal(e, e0 + g)
+        np.testing.assert_array_equal(got_norms, norms)
+        assert cands is not None and np.all(np.diff(cands.cand) > 0)  # ascending: grouped by segment
+        assert cands.counts[5] == 0  # not this rank's: nothing collected
+        idx, short = compiled_segments.take_candidates(cands, ks)
+        assert short.tolist() == [bool(cands.counts[i] < ks[i]) for i in part]
+        if guess[1] == 0:
+            assert short[1]  # no candidates for a guess of 0
+        _check_taken(e, starts, sizes, part, ks, idx, short)
+    assert not short.all()
+
+
+def test_pass_candidates_nan_inf_overflow_and_zero_segments():
+    """NaN ranks as the largest magnitude, inf next; a threshold that collects more than the buffers hold
+    gives no candidates (e and the norms still right) and larger buffers next time; a segment of zeros
+    with a k (its sampled threshold 0: every entry a candidate) larger than 65,536 plus four times the
+    guesses gives no candidates."""
+    _needs_numba()
+    from mpisparse.backend import numpy_kernels as nk
+
+    starts, sizes, e0, g = _segments_case(np.float32)
+    g[starts[4] + 7] = np.nan
+    g[starts[4] + 9] = np.inf
+    part = np.array([4], np.int64)
+    ks = np.zeros(7, np.int64)
+    ks[4] = 2
+    e = e0.copy()
+    norms, cands = compiled_segments.compensate_norms_candidates(e, g, starts, sizes, part, ks, nk._segc_sizing(), 1)
+    idx, short = compiled_segments.take_candidates(cands, ks)
+    assert not short[0] and sorted(idx.tolist()) == [starts[4] + 7, starts[4] + 9]
+    assert np.isnan(norms[4]) and np.isfinite(np.delete(norms, 4)).all()
+
+    flat = np.ones(int(starts[-1] + sizes[-1] + 50), np.float32)  # every magnitude 1: every entry reaches it
+    e = np.zeros_like(flat)
+    ks = np.zeros(7, np.int64)
+    ks[4] = 10
+    before = compiled_segments._state.fused[(4, 4)][0].shape[0]
+    norms, cands = compiled_segments.compensate_norms_candidates(e, flat, starts, sizes, part, ks,
+                                                                 nk._segc_sizing(), 2)
+    assert cands is None
+    np.testing.assert_array_equal(e, flat)
+    np.testing.assert_allclose(norms, np.sqrt(sizes.astype(np.float64)))
+    assert compiled_segments._state.fused[(4, 4)][0].shape[0] == 2 * max(before, 4 * 10 + 1024)
+
+    zeros = np.zeros_like(flat)
+    e = np.zeros_like(flat)
+    norms, cands = compiled_segments.compensate_norms_candidates(e, zeros, starts, sizes, part, ks,
+                                                                 nk._segc_sizing(), 3)
+    assert cands is None and not norms.any()
+    assert compiled_segments.compensate_norms_candidates(e, zeros, starts[::-1], sizes[::-1], part, ks,
+                                                         nk._segc_sizing(), 3) is None  # not ascending

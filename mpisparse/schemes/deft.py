@@ -30,7 +30,15 @@ Every step, on every rank (Alg. 1 with ``Sparsify`` = Alg. 3-5)
        "Bins without a broadcast" below).
     5. Alg. 4 l.17 and Alg. 5: rank ``r`` takes bin ``(t + r) mod W`` and
        runs top-k only in those layers, with its OWN local k per layer
-       (phase ``select``).
+       (phase ``select``).  With the compiled pass and fixed bins, the rank
+       knows its layers before step 1, so step 1's pass also collects their
+       candidates (a threshold per layer from a sample of ``e + g``, sized
+       for the last step's k plus a quarter: this step's k needs every
+       layer's norm, known only after the pass); Alg. 5 then picks each
+       layer's top k among them, and a layer whose candidates fall short of
+       its k is selected again from ``acc`` (the result never depends on
+       the guess: ``tests/test_deft.py``).  The rank's share is then read
+       once per step, not twice.
     6. Alg. 1 l.7: Allgatherv of the index sets (counts first; sets of
        different ranks are disjoint, so the union is their concatenation)
        (phase ``exchange_indices``).
@@ -100,7 +108,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import backend
-from ..backend import compiled_segments, reference
+from ..backend import compiled_segments, numpy_kernels, reference
 from ..layer_partition import (
     Layer,
     assign_local_k,
@@ -328,11 +336,20 @@ class Deft(Scheme):
         self.last_ks: np.ndarray | None = None
         self.last_own_indices = None
         self._last_indices = None
+        #: the local k of the last step (every layer), the guess that sizes the pass's candidate search
+        self._prev_ks: np.ndarray | None = None
+        #: whether the last step's Alg. 5 took the pass's candidates, and how many of its layers they fell
+        #: short of (selected again)
+        self.last_from_pass = False
+        self.last_reselected = 0
 
     def _step(self, grad):
         W, rank, t = self.comm.size, self.comm.rank, self.iteration
+        # the rank's layers are known before the pass when the bins are fixed: the pass then collects their
+        # candidates too (Alg. 5's reading of them joins Alg. 1 l.5's)
+        known = None if self._fixed_parts is None else self._fixed_parts[my_part(rank, t, W)]
         with self.phase("compensate"):
-            acc, norms = self._compensate_norms(grad)  # Alg. 1 l.5 (+ the norms, fused)
+            acc, norms, cands = self._compensate_norms(grad, known)  # Alg. 1 l.5 (+ the norms, fused)
         if self._scratch is None:
             self._scratch = backend.array_module(acc).empty_like(acc)
 
@@ -358,8 +375,17 @@ class Deft(Scheme):
             s2 = time.perf_counter()
             parts = decode_bins(self._bins, W) if repack else self._fixed_parts
             part = parts[my_part(rank, t, W)]  # Alg. 4 l.2, l.17
-            idx = select_layers(acc, self.layers, ks, part, self._scratch, self._spans,  # Alg. 1 l.6 = Alg. 5
-                                self.select_kernel)
+            self.last_from_pass = cands is not None
+            self.last_reselected = 0
+            if cands is None:
+                idx = select_layers(acc, self.layers, ks, part, self._scratch, self._spans,  # Alg. 1 l.6 = Alg. 5
+                                    self.select_kernel)
+            else:  # Alg. 5 from the pass's candidates; a layer whose k they fall short of is read again
+                idx, short = compiled_segments.take_candidates(cands, ks)
+                self.last_reselected = int(short.sum())
+                if self.last_reselected:
+                    again = select_layers(acc, self.layers, ks, part[short], self._scratch, self._spans)
+                    idx = np.concatenate([idx, again.astype(idx.dtype, copy=False)])
             backend.synchronize(idx)
             s3 = time.perf_counter()
 
@@ -374,6 +400,7 @@ class Deft(Scheme):
             out = self.write_output(all_idx, vals, 1.0 / W, self._last_indices)  # Alg. 1 l.10: (1/n) g_t
             self.memory.update(acc, all_idx)  # Alg. 1 l.11-12: acc[idx_t] = 0; e = acc
 
+        self._prev_ks = ks
         self.last_select_seconds = (s1 - s0) + (s3 - s2)
         self.last_topk_seconds = s3 - s2
         self.last_leader = cycle
@@ -386,25 +413,36 @@ class Deft(Scheme):
     def warm_up(self) -> tuple[str, ...]:
         """The compiled compensation-and-norms pass and segmented top-k, loaded on tiny arrays
         (:meth:`CollectiveScheme.warm_up`)."""
-        from ..backend import numpy_kernels
-
         if self.xp is not np:
             return ()
         if not compiled_segments.warm_up(numpy_kernels._segc_sizing(), backend.index_dtype(self.n)):
             return ()
         return ("compensate_norms", "segment_topk")
 
-    def _compensate_norms(self, grad):
-        """``(acc, norms)``: Alg. 1 l.5 and, where the compiled pass runs (residual error feedback on host
-        float arrays, numba, ``MPISPARSE_FUSED`` not 0), the layer norms of ``acc`` found in the same pass
-        (:func:`mpisparse.backend.compiled_segments.compensate_norms`); otherwise ``norms`` is None and
-        :func:`layer_norms` computes them in ``select``."""
+    def _compensate_norms(self, grad, part=None):
+        """``(acc, norms, candidates)``: Alg. 1 l.5 and, where the compiled pass runs (residual error feedback
+        on host float arrays, numba, ``MPISPARSE_FUSED`` not 0), the layer norms of ``acc`` found in the same
+        pass (:func:`mpisparse.backend.compiled_segments.compensate_norms`); otherwise ``norms`` is None and
+        :func:`layer_norms` computes them in ``select``.
+
+        ``part``: this step's layers of the rank, when known before the pass (fixed bins). With the native
+        selection and a previous step's k to size the guess, the pass then also collects the candidates of
+        their top k (:func:`mpisparse.backend.compiled_segments.compensate_norms_candidates`); else, or when
+        they would not fit, ``candidates`` is None.  The guess is the last step's k of each layer, a
+        quarter more: the k of this step is known only after the pass (Alg. 3 reads every layer's norm)."""
         residual = self.fused_residual(grad)
         if residual is not None:
+            if part is not None and self._prev_ks is not None and self.select_kernel == "native":
+                guess = self._prev_ks + (self._prev_ks + 3) // 4
+                got = compiled_segments.compensate_norms_candidates(
+                    residual, grad, *self._spans, part, guess, numpy_kernels._segc_sizing(),
+                    int(numpy_kernels._get_rng(None).integers(1 << 32)))
+                if got is not None:
+                    return residual, got[0], got[1]
             norms = compiled_segments.compensate_norms(residual, grad, *self._spans)
             if norms is not None:
-                return residual, norms
-        return self.memory.compensate(grad), None
+                return residual, norms, None
+        return self.memory.compensate(grad), None, None
 
     def selected_global(self) -> int:
         if self._last_indices is None:

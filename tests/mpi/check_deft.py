@@ -17,6 +17,7 @@ reference ``layerwise_topk`` for Alg. 5, and plain NumPy for the rest.
 import numpy as np
 from _common import RankWorld, close
 
+from mpisparse.backend import compiled
 from mpisparse.layer_partition import (assign_local_k, bin_pack, encode_bins, layerwise_topk, split_large,
                                       two_stage_partition)
 from mpisparse.schemes.deft import PACK_COST, PACK_LAYER_OVERHEAD, deft_layers
@@ -82,7 +83,7 @@ def run(density, **kw):
     sch = create("deft", comm, layout, density, seed=3, **kw)
     outs, step_bytes, states = world.run(sch, "deft", observe=lambda s: {
         "leader": s.last_leader, "bins": s.last_bins.copy(), "own": np.sort(np.asarray(s.last_own_indices)),
-        "selected": s.selected_global()})
+        "selected": s.selected_global(), "from_pass": s.last_from_pass})
     return sch, outs, step_bytes, states
 
 
@@ -112,6 +113,10 @@ for t in range(STEPS):
     assert np.unique(cat).size == cat.size, f"selections of different ranks overlap at step {t}"
     # density stays near k (no build-up): within the floor-of-1 slack of Alg. 3
     assert abs(len(cat) - k) <= max(2, 0.1 * k) * W, (t, len(cat), k)
+# from the second step on (a last k to size the guess), Alg. 5 takes the compensation pass's candidates where
+# the compiled loops run and the bins are fixed; the checks above hold for those steps too
+fused = compiled.enabled() and PACK_COST == "size"
+assert [st["from_pass"] for st in states] == [fused and t > 0 for t in range(STEPS)], [st["from_pass"] for st in states]
 if W > 1 and PACK_COST == "eq3":
     # the leader check above is discriminating: another rank's norms would have packed differently
     assert any(r["others_differ"] for r in ref), "test layout cannot tell leaders apart"

@@ -2,7 +2,6 @@
 
 import sys
 
-import numpy as np
 import torch
 
 import mpisparse.torch_api as hvd
