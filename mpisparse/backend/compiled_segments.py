@@ -362,64 +362,70 @@ try:  # optional: the compiled loop
         return acc
 
     @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
+    def _add_sumsq_collect(e, g, xu, a, n, t, mask, cand, ckey, c):  # pragma: no cover - compiled
+        """:func:`_add_sumsq` over ``e[a:a + n]`` (the same loop, so the same sum), collecting on the way the
+        positions and keys (``xu``: ``e``'s bits) of the new entries whose magnitude reaches ``t`` into
+        ``cand``/``ckey`` from slot ``c`` (NaN entries are collected: their keys rank above every other);
+        returns ``(sum, c)``, ``c`` counting on past the buffers.  Per block, after the loop that adds, stores
+        and sums, a second loop over the block (in the cache) sets a bit per hit, then one step per set bit
+        (:func:`_collect`'s de Bruijn step)."""
+        cap = cand.shape[0]
+        one = np.uint64(1)
+        acc = 0.0
+        nb = n // _BLOCK
+        for bi in range(nb):
+            b = a + bi * _BLOCK
+            eb = e[b:b + _BLOCK]
+            gb = g[b:b + _BLOCK]
+            s = 0.0
+            for j in range(_BLOCK):
+                v = eb[j] + gb[j]
+                eb[j] = v
+                s += np.float64(v) * np.float64(v)
+            acc += s
+            bits = np.uint64(0)
+            for j in range(_BLOCK):
+                bits |= np.uint64(not abs(eb[j]) < t) << np.uint64(j)
+            while bits:
+                low = bits & (~bits + one)
+                j = _DEBRUIJN[(low * _DEBRUIJN_MUL) >> np.uint64(58)]
+                bits ^= low
+                if c < cap:
+                    cand[c] = b + j
+                    ckey[c] = xu[b + j] & mask
+                c += 1
+        for j in range(a + nb * _BLOCK, a + n):
+            v = e[j] + g[j]
+            e[j] = v
+            acc += np.float64(v) * np.float64(v)
+            if not abs(v) < t:
+                if c < cap:
+                    cand[c] = j
+                    ckey[c] = xu[j] & mask
+                c += 1
+        return acc, c
+
+    @numba.njit(cache=True, nogil=True)
     def _compensate_collect(e, g, xu, st, sz, thr, sel, mask, sums, cand, ckey, counts):  # pragma: no cover
         """``e += g`` over the whole vector, the float64 sum of squares of the new ``e`` over every segment
-        (ascending, not overlapping), and, in each segment ``i`` with ``sel[i]``, the positions and keys
-        (``xu``: ``e``'s bits) of the entries whose magnitude reaches ``thr[i]`` (a float; NaN entries are
-        collected, as their keys rank above every other), into ``cand``/``ckey`` grouped by segment,
-        ``counts[i]`` of them; one pass.  Returns how many were collected, or -1 when the buffers were too
-        small (``counts`` not valid; ``e`` and ``sums`` are).
-
-        Per block of :data:`_BLOCK`, one vectorised loop adds, stores, sums the squares and sets a bit per
-        hit, in every segment alike (so the sums do not depend on ``sel``); then, where the segment
-        collects, one step per set bit (:func:`_collect`'s de Bruijn step)."""
+        (ascending, not overlapping), and, in each segment ``i`` with ``sel[i]``, the positions and keys of
+        the entries whose magnitude reaches ``thr[i]`` (a float) into ``cand``/``ckey`` grouped by segment,
+        ``counts[i]`` of them (:func:`_add_sumsq_collect`); one pass.  Returns how many were collected, or
+        -1 when the buffers were too small (``counts`` not valid; ``e`` and ``sums`` are)."""
         cap = cand.shape[0]
         c = 0
         pos = 0
-        one = np.uint64(1)
         for i in range(st.shape[0]):
             a = st[i]
             if a > pos:  # a gap between segments: compensated, not summed
                 _add_sumsq(e, g, pos, a - pos)
-            ni = sz[i]
-            on = sel[i] and c <= cap
-            t = thr[i]
-            acc = 0.0
             c0 = c
-            nb = ni // _BLOCK
-            for bi in range(nb):
-                b = a + bi * _BLOCK
-                eb = e[b:b + _BLOCK]  # slices of constant length: the loop below vectorises
-                gb = g[b:b + _BLOCK]
-                sq = 0.0
-                bits = np.uint64(0)
-                for j in range(_BLOCK):
-                    v = eb[j] + gb[j]
-                    eb[j] = v
-                    sq += np.float64(v) * np.float64(v)
-                    bits |= np.uint64(not abs(v) < t) << np.uint64(j)
-                acc += sq
-                if on:
-                    while bits:
-                        low = bits & (~bits + one)
-                        j = _DEBRUIJN[(low * _DEBRUIJN_MUL) >> np.uint64(58)]
-                        bits ^= low
-                        if c < cap:
-                            cand[c] = b + j
-                            ckey[c] = xu[b + j] & mask
-                        c += 1
-            for j in range(a + nb * _BLOCK, a + ni):
-                v = e[j] + g[j]
-                e[j] = v
-                acc += np.float64(v) * np.float64(v)
-                if on and not abs(v) < t:
-                    if c < cap:
-                        cand[c] = j
-                        ckey[c] = xu[j] & mask
-                    c += 1
-            sums[i] = acc
+            if sel[i] and c <= cap:
+                sums[i], c = _add_sumsq_collect(e, g, xu, a, sz[i], thr[i], mask, cand, ckey, c)
+            else:
+                sums[i] = _add_sumsq(e, g, a, sz[i])
             counts[i] = c - c0
-            pos = a + ni
+            pos = a + sz[i]
         if e.shape[0] > pos:
             _add_sumsq(e, g, pos, e.shape[0] - pos)
         return -1 if c > cap else c
