@@ -401,16 +401,17 @@ def _fused_step_render(res: dict[str, Any], quick: bool) -> str:
                         "fused compensate", "fused select", "fused update", "fused compute", "floor",
                         "fused compute / floor", "fused step ms", "fused density"], rows)
             + "\n\ncompute = compensate + select + update (the work of the step on a rank, without the exchange). "
-              "plain: `MPISPARSE_FUSED=0`, the NumPy steps; fused: the numba pass of `mpisparse/backend/fused.py` "
-              "where a scheme uses it (topk, gtopk, the CLT-k leader, threshold, dgc's momentum pass and dct's "
-              "per-layer pass; the other schemes run the same code in both columns, so their difference is "
-              "noise). floor (`--floor`): one `e += g` pass over the same length, both ranks at once after "
+              "plain: `MPISPARSE_FUSED=0`, the NumPy steps; fused: the numba passes where a scheme uses them "
+              "(`mpisparse/backend/fused.py`: topk, gtopk, the CLT-k leader, threshold, dgc's momentum pass and "
+              "dct's per-layer pass; `mpisparse/backend/compiled_segments.py`: deft's pass with the layer norms "
+              "and its own layers' candidates, then its pick; dense and randomk run the same code in both "
+              "columns, so their difference is noise). floor (`--floor`): one `e += g` pass over the same length, both ranks at once after "
               "each step of the fused run, timed in the same job as the phases beside it: a pass reading the "
               "gradient and the residual and writing the residual (dgc's own floor reads u, v and the gradient "
               "and writes u and v: 5/3 of it). threshold and dct keep a threshold fixed between "
               "recomputations, so their achieved density (fused density: globally selected entries / n) drifts "
-              "above the set one and their update writes that many entries; topk's and deft's is the "
-              "gradient build-up of two ranks' sets.")
+              "above the set one and their update writes that many entries; topk's is the gradient build-up "
+              "of two ranks' sets (deft's sets are disjoint).")
 
 
 def _compute(r: dict[str, Any]) -> float:
