@@ -116,6 +116,17 @@ def test_digits_accuracy_dense_and_sparse_schemes(tmp_path):
         assert acc[s] >= acc["dense"] - 0.02, acc
 
 
+def test_a_scheme_that_stops_loses_none_of_the_others(tmp_path):
+    """randomk diverges on digits at this learning rate (error feedback over 1 / density steps): with
+    --max-skipped-steps 2 it stops; dense, after it, still trains and is written; the job fails naming it."""
+    p, r = train(tmp_path, "stop", "--scheme", "randomk", "--scheme", "dense", "--density", "0.01", "--epochs", "12",
+                 "--batch-size", "32", "--max-skipped-steps", "2", check=False)
+    assert p.returncode != 0
+    assert "NoProgress: randomk: 2 steps in a row were skipped" in p.stderr, p.stderr[-2000:]
+    assert "randomk stopped (NoProgress); the other schemes go on" in p.stderr
+    assert r["scheme"] == "dense" and r["metrics"]["final"]["test_accuracy"] >= 0.95
+
+
 def test_atomic_checkpoint_survives_a_failed_save(tmp_path, monkeypatch):
     """A save that dies half-way leaves LATEST on the previous complete checkpoint."""
     from mpisparse.train import checkpoint

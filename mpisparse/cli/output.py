@@ -153,7 +153,12 @@ def print_train_result(res) -> None:
 
 
 def finish_train(results: list, steps: dict[str, list], log, json_path: str | None, plot_path: str | None) -> None:
-    """``train``: the comparison of several schemes, --json, the --csv log, --plot (rank 0)."""
+    """``train``: the comparison of several schemes, --json, the --csv log, --plot (rank 0); with no result
+    (every scheme stopped) only the log is closed."""
+    if not results:
+        if log is not None:
+            log.close()
+        return
     if len(results) > 1:
         click.echo("\n" + format_train_comparison(results))
     if log is not None:

@@ -16,7 +16,8 @@ from ..device import check_device_usable
 from ..launch import under_mpi_launcher, under_torchrun
 from ..registry import SCHEMES
 from ..results.trace import trace_path
-from ..runtimes import check_servers, check_torchrun, schemes_of
+from ..runtimes import check_servers, check_torchrun, schemes_of, train_runtime
+from ..train.core import NoProgress
 from . import output, session
 from .options import (progress_options, trace_option, SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
                       pick_scheme_options, scheme_options, step_options, usage, validated, writable_dir)
@@ -136,11 +137,21 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
     log = output.train_log(comm, csv_path, resume)
     steps: dict[str, list] = {}
     results = []
+    stopped: list[str] = []
     for cfg in cfgs:
         s = cfg.scheme
         step_log = output.train_step_log(comm, steps, log, s)
         output.print_train_header(comm, s, model, data, density, epochs)
-        res = run_train(comm, cfg, progress=output.train_progress(comm), step_log=step_log)
+        try:
+            res = run_train(comm, cfg, progress=output.train_progress(comm), step_log=step_log)
+        except NoProgress as err:
+            # data-parallel ranks stop at the same step: the next scheme may start; other runtimes end here
+            if len(cfgs) == 1 or train_runtime(cfg).name != "collective":
+                raise
+            stopped.append(f"{s}: {err}")
+            if comm.rank == 0:
+                click.echo(f"{s} stopped (NoProgress); the other schemes go on: {err}", err=True)
+            continue
         results.append(res)
         if comm.rank == 0:
             output.print_train_result(res)
@@ -148,7 +159,9 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
         output.finish_train(results, steps, log, json_path, plot_path)
     if hasattr(comm, "close"):  # torch.distributed (torchrun): end the process group on every rank
         comm.close()
-        session.END_WITHOUT_TEARDOWN = True
+        session.END_WITHOUT_TEARDOWN = not stopped
+    if stopped:  # the finished schemes' results are written; the job still fails, naming the one that stopped
+        raise NoProgress(" | ".join(stopped))
 
 
 def _torchrun(launcher: str, nprocs: int | None, cfgs) -> bool:
