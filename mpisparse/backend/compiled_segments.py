@@ -555,7 +555,11 @@ def _keys(x: np.ndarray):
 
 
 def _index_type(n: int):
-    return np.int32 if n <= np.iinfo(np.int32).max else np.int64
+    """:func:`mpisparse.backend.index_dtype` (the package's one rule; imported at call time, as the package
+    imports this module)."""
+    from . import index_dtype
+
+    return index_dtype(n)
 
 
 def compensate_norms(e: np.ndarray, g: np.ndarray, st: np.ndarray, sz: np.ndarray) -> np.ndarray | None:
@@ -572,7 +576,7 @@ def compensate_norms(e: np.ndarray, g: np.ndarray, st: np.ndarray, sz: np.ndarra
     if spans is None:
         return None
     st, sz = spans
-    xu, mask, zero = _keys(e)
+    xu, mask, _ = _keys(e)
     sums = np.empty(st.size, dtype=np.float64)
     none = np.zeros(st.size, dtype=np.bool_)
     _compensate_collect(e, g, xu, st, sz, np.zeros(st.size, e.dtype), none, mask, sums,
@@ -602,9 +606,9 @@ def compensate_norms_candidates(e: np.ndarray, g: np.ndarray, st: np.ndarray, sz
     ``(norms, candidates)``: a :class:`Candidates`, or None when the thresholds would collect too much
     (segments sampled at 0, every entry a candidate, of more than ``4 * sum(k_est) + 65536`` entries in
     all: the pass then collects nothing) or the buffers ran out (they grow for the next call); ``e`` is
-    compensated and ``norms`` valid either way.  None when
-    the compiled pass cannot run here (as :func:`compensate_norms`; nothing done).  Whether a segment's
-    k is covered is :func:`take_candidates`' to say: the result never depends on the guess."""
+    compensated and ``norms`` valid either way.  None when the compiled pass cannot run here (as
+    :func:`compensate_norms`; nothing done).  Whether a segment's k is covered is
+    :func:`take_candidates`' to say: the result never depends on the guess."""
     spans = _pass_ready(e, g, st, sz)
     if spans is None:
         return None
