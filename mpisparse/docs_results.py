@@ -456,6 +456,7 @@ def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
     cross = m.get("topk_slower_than_dense_at_world", {})
     rates = m.get("rates_seconds_per_element", {})
     at_once = m.get("rates_at_once_seconds_per_element") or {}
+    split = _cost_model_split(m.get("validation", []))
 
     def ns(r: dict[str, float]) -> str:
         return ", ".join(f"{k} {v * 1e9:.2f}" for k, v in r.items())
@@ -480,7 +481,27 @@ def _cost_model_render(res: dict[str, Any], quick: bool) -> str:
               "predicted step slower than dense's from W = "
             + ", ".join(f"{c if c else 'never (to 2^20)'} (density {d})" for d, c in cross.items())
             + " (a core per rank). Picture: [plots/cost-model.png](plots/cost-model.png) (predicted curves to "
-              "W = 1,024, the measured points and their predictions on them).")
+              "W = 1,024, the measured points and their predictions on them)." + split)
+
+
+def _cost_model_split(validation: list[dict[str, Any]]) -> str:
+    """Where the error at the floor lies: per group of W, the range of measured minus predicted compute
+    (compensate + select + update) and exchange (every other phase), ms, over the sparse schemes' points."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for v in validation:
+        if v.get("scheme") != "dense" and v.get("split_floor") and v.get("split_measured"):
+            groups.setdefault("W = 2" if v["world_size"] <= 2 else "W = 4 and 8", []).append(v)
+    if not groups:
+        return ""
+
+    def span(vs: list[dict[str, Any]], part: str) -> str:
+        d = [1e3 * (v["split_measured"][part] - v["split_floor"][part]) for v in vs]
+        return f"{min(d):+.1f} to {max(d):+.1f}"
+
+    return (" Where the error at the floor lies (the sparse schemes' points; measured minus predicted, ms, each "
+            "measured phase its max over ranks): "
+            + "; ".join(f"{g}: compute {span(vs, 'compute')}, exchange {span(vs, 'exchange')}"
+                        for g, vs in sorted(groups.items())) + ".")
 
 
 _table(Table(

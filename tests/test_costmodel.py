@@ -272,6 +272,14 @@ def test_a_measured_floor_predicts_its_point_at_that_moment_and_leaves_the_link(
     assert with_floor["predicted_seconds"] == pytest.approx(cm.total(plain))  # the plain prediction stays
     assert at["exchange"] == plain["exchange"] and at["compensate"] == pytest.approx(plain["compensate"] * 3 / 2.4)
     assert "error_floor" not in without
+    assert with_floor["split_floor"] == pytest.approx({"compute": cm.total(at) - at["exchange"],
+                                                       "exchange": at["exchange"]})
+    assert "split_measured" not in with_floor  # the point has no phases
+    phased = {**point, "phases": {"compensate": 0.2, "select": 0.1, "update": 0.05, "exchange_indices": 0.3,
+                                  "exchange_values": 0.25, "wait": 0.1}}
+    [v] = bm.run_model(model="ncf", densities=[0.01], worlds=[2], link=LINK, rates=RATES, shared_cores=2,
+                       measured=[phased], rates_at=lambda p: both)["validation"]
+    assert v["split_measured"] == pytest.approx({"compute": 0.35, "exchange": 0.65})
     text = bm.format_model(res)
     assert "at the floor ms" in text and "3.00" in text
 
@@ -320,3 +328,12 @@ def test_cost_model_table_names_both_sets_of_rates_and_counts_the_band():
     text = _cost_model_render(res, False)
     assert "| `topk` | 0.01 | 4 | 790.0 | 1,000.0 | -21% | 0.44 | 950.0 | -5% |" in text
     assert "; 1 of 1 at the floor of the step's own job" in text
+    assert "Where the error at the floor lies" not in text  # no split: no sentence
+    val[1].update(split_floor={"compute": 0.5, "exchange": 0.45}, split_measured={"compute": 0.52, "exchange": 0.48})
+    val[2].update(split_floor={"compute": 0.6, "exchange": 0.3}, split_measured={"compute": 0.55, "exchange": 0.45})
+    val[0].update(split_floor={"compute": 0.1, "exchange": 0.1}, split_measured={"compute": 0.1, "exchange": 0.1},
+                  scheme="dense")  # dense's points are left out
+    text = _cost_model_render(res, False)
+    assert text.endswith("Where the error at the floor lies (the sparse schemes' points; measured minus predicted, "
+                         "ms, each measured phase its max over ranks): W = 4 and 8: compute -50.0 to +20.0, "
+                         "exchange +30.0 to +150.0.")

@@ -94,6 +94,18 @@ def floor_rate(result: dict[str, Any], shared_cores: int | None) -> float | None
     return float(floor) / (int(n) * cm.sharing(int(result["world_size"]), shared_cores)[1])
 
 
+#: the phases of a step that compute on the rank (the rest of a measured step's phases are its exchange and waits)
+COMPUTE_PHASES = ("compensate", "select", "update")
+
+
+def compute_and_exchange(phases: dict[str, float]) -> dict[str, float]:
+    """``{"compute": ..., "exchange": ...}`` seconds of a step's phases (predicted by
+    :func:`mpisparse.costmodel.predict` or measured by ``bench step``): compensate + select + update, and
+    every other phase (the exchange phases, and any wait timed apart)."""
+    compute = sum(float(v) for k, v in phases.items() if k in COMPUTE_PHASES)
+    return {"compute": compute, "exchange": sum(float(v) for k, v in phases.items() if k not in COMPUTE_PHASES)}
+
+
 def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], link: cm.Link,
               rates: cm.Rates, shared_cores: int | None, measured: Sequence[dict[str, Any]] = (),
               rates_at: Callable[[int], cm.Rates] | None = None) -> dict[str, Any]:
@@ -103,7 +115,9 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
     processes at once (``p``: :func:`mpisparse.costmodel.sharing`'s ``processes``; 1: ``rates``), each
     ``p`` measured once.  A measured point with a floor (``bench step --floor``) is also predicted with
     the rates of its own job's moment (:func:`floor_rate`, :func:`mpisparse.costmodel.loaded_rates`):
-    ``floor_seconds_per_element``, ``predicted_seconds_floor``, ``error_floor``."""
+    ``floor_seconds_per_element``, ``predicted_seconds_floor``, ``error_floor`` and ``split_floor`` (its
+    compute and exchange, :func:`compute_and_exchange`); a measured point with phases gets
+    ``split_measured``, the same split of them."""
     n = model_size(model)
     shared: dict[int, cm.Rates] = {1: rates}
     predictions = []
@@ -134,7 +148,10 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
             at = cm.predict(r["scheme"], m_n, d, w, link, cm.loaded_rates(rates, shared[procs], fr),
                             shared_cores=shared_cores)
             point.update(floor_seconds_per_element=fr, predicted_seconds_floor=cm.total(at),
-                         error_floor=(cm.total(at) - meas) / meas if meas else None)
+                         error_floor=(cm.total(at) - meas) / meas if meas else None,
+                         split_floor=compute_and_exchange(at))
+        if isinstance(r.get("phases"), dict):
+            point["split_measured"] = compute_and_exchange(r["phases"])
         validation.append(point)
     return {"model": model, "n": n, "link": {"latency_seconds": link.latency, "bytes_per_second": link.bandwidth},
             "rates_seconds_per_element": cm.rates_dict(rates), "shared_cores": shared_cores,
