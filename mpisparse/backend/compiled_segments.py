@@ -339,6 +339,17 @@ try:  # optional: the compiled loop
             _take(cand, ckey, c, ki, out, o, top, tmp)
         return cand, ckey, tmp
 
+    @numba.njit(nogil=True, fastmath={"reassoc"}, inline="always")
+    def _block_add_sumsq(eb, gb):  # pragma: no cover - compiled
+        """``eb += gb`` over one block slice of :data:`_BLOCK`; returns the float64 sum of squares of the new
+        values (the one loop both passes below run, so their sums agree bit for bit)."""
+        s = 0.0
+        for j in range(_BLOCK):
+            v = eb[j] + gb[j]
+            eb[j] = v
+            s += np.float64(v) * np.float64(v)
+        return s
+
     @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
     def _add_sumsq(e, g, a, n):  # pragma: no cover - compiled
         """``e[a:a + n] += g[a:a + n]``; returns the float64 sum of squares of the new values.  In block
@@ -347,14 +358,7 @@ try:  # optional: the compiled loop
         nb = n // _BLOCK
         for bi in range(nb):
             b = a + bi * _BLOCK
-            eb = e[b:b + _BLOCK]
-            gb = g[b:b + _BLOCK]
-            s = 0.0
-            for j in range(_BLOCK):
-                v = eb[j] + gb[j]
-                eb[j] = v
-                s += np.float64(v) * np.float64(v)
-            acc += s
+            acc += _block_add_sumsq(e[b:b + _BLOCK], g[b:b + _BLOCK])
         for j in range(a + nb * _BLOCK, a + n):
             v = e[j] + g[j]
             e[j] = v
@@ -363,7 +367,7 @@ try:  # optional: the compiled loop
 
     @numba.njit(cache=True, nogil=True, fastmath={"reassoc"})
     def _add_sumsq_collect(e, g, xu, a, n, t, mask, cand, ckey, c):  # pragma: no cover - compiled
-        """:func:`_add_sumsq` over ``e[a:a + n]`` (the same loop, so the same sum), collecting on the way the
+        """:func:`_add_sumsq` over ``e[a:a + n]`` (the same block loop, so the same sum), collecting on the way the
         positions and keys (``xu``: ``e``'s bits) of the new entries whose magnitude reaches ``t`` into
         ``cand``/``ckey`` from slot ``c`` (NaN entries are collected: their keys rank above every other);
         returns ``(sum, c)``, ``c`` counting on past the buffers.  Per block, after the loop that adds, stores
@@ -376,13 +380,7 @@ try:  # optional: the compiled loop
         for bi in range(nb):
             b = a + bi * _BLOCK
             eb = e[b:b + _BLOCK]
-            gb = g[b:b + _BLOCK]
-            s = 0.0
-            for j in range(_BLOCK):
-                v = eb[j] + gb[j]
-                eb[j] = v
-                s += np.float64(v) * np.float64(v)
-            acc += s
+            acc += _block_add_sumsq(eb, g[b:b + _BLOCK])
             bits = np.uint64(0)
             for j in range(_BLOCK):
                 bits |= np.uint64(not abs(eb[j]) < t) << np.uint64(j)
