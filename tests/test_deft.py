@@ -257,10 +257,9 @@ def test_bins_broadcast_only_when_the_cost_model_reads_k(monkeypatch, cost):
     assert comm.bcasts == (3 if cost == "eq3" else 0)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_fused_norms_step_equals_the_plain_step(monkeypatch, dtype):
-    """The compiled pass (acc = e + g with the layer norms summed on the way) and the plain steps give the
-    same output and residual, step after step; the fused norms agree with segment_norms to rounding."""
+def _fused_and_plain(monkeypatch, steps, record):
+    """``{"1": [...], "0": [...]}``: ``record(scheme, t)`` for ``steps`` steps of a fresh one-rank deft scheme
+    with the compiled loops (``MPISPARSE_FUSED=1``) and without; skipped without numba."""
     from mpisparse.backend import compiled_segments
     if not compiled_segments._HAVE_NUMBA:
         pytest.skip("numba is not installed (pip install mpisparse[fast])")
@@ -268,8 +267,17 @@ def test_fused_norms_step_equals_the_plain_step(monkeypatch, dtype):
     for env in ("1", "0"):
         monkeypatch.setenv("MPISPARSE_FUSED", env)
         sch = create("deft", SelfComm(), LAYOUT, 0.05)
-        runs[env] = [(sch.step(grad_of(LAYOUT, t=t).astype(dtype)).copy(), sch.memory.residual.copy(),
-                      sch.last_ks.copy()) for t in range(4)]
+        runs[env] = [record(sch, t) for t in range(steps)]
+    return runs
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_norms_step_equals_the_plain_step(monkeypatch, dtype):
+    """The compiled pass (acc = e + g with the layer norms summed on the way) and the plain steps give the
+    same output and residual, step after step; the fused norms agree with segment_norms to rounding."""
+    from mpisparse.backend import compiled_segments
+    runs = _fused_and_plain(monkeypatch, 4, lambda sch, t: (sch.step(grad_of(LAYOUT, t=t).astype(dtype)).copy(),
+                                                            sch.memory.residual.copy(), sch.last_ks.copy()))
     for (o1, r1, k1), (o0, r0, k0) in zip(runs["1"], runs["0"]):
         np.testing.assert_array_equal(k1, k0)
         np.testing.assert_array_equal(o1, o0)
@@ -292,20 +300,15 @@ def test_selection_from_the_pass_equals_the_plain_step(monkeypatch):
     """From the second step on (the last k sizes the guess), Alg. 5 takes the candidates the compensation
     pass collected in the rank's layers; output and residual equal the plain steps', also when the guess
     misses every layer (each then selected again from the compensated vector)."""
+    def step(sch, t):
+        if t == 3 and sch._prev_ks is not None and compiled_segments.enabled():
+            sch._prev_ks = np.zeros_like(sch._prev_ks)  # a guess of 0 everywhere: no candidates
+        out = sch.step(grad_of(LAYOUT, t=t)).copy()
+        return out, sch.memory.residual.copy(), sch.last_from_pass, sch.last_reselected, \
+            int(np.count_nonzero(sch.last_ks))
+
     from mpisparse.backend import compiled_segments
-    if not compiled_segments._HAVE_NUMBA:
-        pytest.skip("numba is not installed (pip install mpisparse[fast])")
-    runs = {}
-    for env in ("1", "0"):
-        monkeypatch.setenv("MPISPARSE_FUSED", env)
-        sch = create("deft", SelfComm(), LAYOUT, 0.05)
-        runs[env] = []
-        for t in range(5):
-            if env == "1" and t == 3:
-                sch._prev_ks = np.zeros_like(sch._prev_ks)  # a guess of 0 everywhere: no candidates
-            out = sch.step(grad_of(LAYOUT, t=t)).copy()
-            runs[env].append((out, sch.memory.residual.copy(), sch.last_from_pass, sch.last_reselected,
-                              int(np.count_nonzero(sch.last_ks))))
+    runs = _fused_and_plain(monkeypatch, 5, step)
     assert [r[2] for r in runs["1"]] == [False, True, True, True, True]
     assert [r[2] for r in runs["0"]] == [False] * 5
     assert runs["1"][3][3] == runs["1"][3][4] > 0  # step 3: every layer with a k selected again
