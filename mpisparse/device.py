@@ -44,7 +44,7 @@ import numpy as np
 
 __all__ = ["gpu_count", "gpu_names", "pick_device", "DeviceAssignment", "assign_device", "current_assignment",
            "probe_cuda_aware", "CupyOps", "cuda_unusable_reason", "check_device_usable", "array_module_for",
-           "torch_device"]
+           "torch_device", "torchrun_device"]
 
 _assignment: "DeviceAssignment | None" = None
 
@@ -89,6 +89,25 @@ def pick_device(local_rank: int, n_devices: int, local_visible: Sequence[str | N
     if len(set(local_visible)) > 1:  # 2. bound per task by the launcher
         return 0
     return local_rank % n_devices  # 3.
+
+
+def torchrun_device(local_rank: int, local_world_size: int, n_devices: int) -> int:
+    """The GPU of a ``torchrun`` worker for ``--device cuda`` (NCCL), or a one-line ``ValueError``.
+
+    torchrun starts every worker of a host with the same environment, so
+    they all see the same ``n_devices`` GPUs; NCCL needs a GPU of its own per
+    rank (two ranks on one GPU fail in its set-up), so more local workers
+    than GPUs are refused here, before NCCL starts.  An MPI job
+    (``mpisparse train -n N --device cuda``) can share a GPU between ranks.
+    """
+    if n_devices < 1:
+        raise ValueError("--device cuda under torchrun: no CUDA GPU is visible to this process")
+    if local_world_size > n_devices:
+        raise ValueError(f"--device cuda under torchrun: {local_world_size} processes on this host but "
+                         f"{n_devices} GPU{'s' if n_devices > 1 else ''}; NCCL needs one GPU per process: "
+                         f"--nproc-per-node at most {n_devices}, or an MPI job (mpisparse train -n "
+                         f"{local_world_size} --device cuda), whose ranks may share a GPU")
+    return local_rank
 
 
 @dataclass

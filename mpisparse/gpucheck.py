@@ -17,7 +17,8 @@ present (and mpisparse importable).  In one run it executes
 7. ``bench step -n 16`` on the host's cores (each scheme's peak resident
    memory per rank against 4.5 gradient buffers), with the scheme's own
    output and with ``--output gradient``;
-8. ``torchrun -m mpisparse train --device cuda`` (torch.distributed);
+8. ``torchrun --nproc-per-node gpu -m mpisparse train --device cuda`` (torch.distributed
+   over NCCL: one process per GPU);
 9. a short ``train -n 2`` of every data-parallel scheme on the device and on
    the CPU with the same seed (test accuracy within 0.5 points);
 10. ``bench select --backend cupy`` over sizes and densities (which exact
@@ -109,7 +110,7 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Ch
                                        "--json", j("step-cpu-16-gradient")],
               json=j("step-cpu-16-gradient"), env={"OMP_NUM_THREADS": "1"}, timeout=300),
         # torch.distributed instead of MPI, on the GPUs
-        Check("torchrun-cuda", [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        Check("torchrun-cuda", [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "gpu",
                                 "-m", "mpisparse", "train", "--device", "cuda", "--scheme", "topk", "--density",
                                 "0.01", "--epochs", str(epochs), "--seed", "0", "--json", j("torchrun-cuda")],
               json=j("torchrun-cuda"), timeout=150),

@@ -55,12 +55,13 @@ def under_torchrun(env: Mapping[str, str] = os.environ) -> bool:
 
 
 def env_rank(env: Mapping[str, str] = os.environ) -> int:
-    """This rank's number from the launcher's environment (0 outside MPI).
+    """This rank's number from the launcher's environment (torchrun's ``RANK`` too; 0 outside a launcher).
 
     Known before MPI is initialised, so errors found while parsing options
     are printed by rank 0 only.
     """
-    for v in _LAUNCHER_RANK_VARS:
+    names = _LAUNCHER_RANK_VARS + (("RANK",) if under_torchrun(env) else ())
+    for v in names:
         if v in env:
             try:
                 return int(env[v])

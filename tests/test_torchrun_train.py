@@ -100,3 +100,27 @@ def test_a_finished_torchrun_job_ends_without_the_interpreters_teardown(argv, do
         m.main(argv)
     assert calls == ended
     assert (e.value.code == 0) == (argv == ["--version"])
+
+
+def test_a_torchrun_workers_rank_is_torchruns_rank():
+    from mpisparse.launch import env_rank
+
+    assert env_rank({**TORCHRUN_ENV, "RANK": "1"}) == 1
+    assert env_rank({"RANK": "1"}) == 0  # RANK alone is not a launcher's
+    assert env_rank({**TORCHRUN_ENV, "RANK": "1", "PMI_RANK": "3"}) == 3  # an MPI rank wins
+
+
+@pytest.mark.parametrize("local, local_size, gpus, expect", [
+    (0, 1, 1, 0), (1, 2, 2, 1), (3, 4, 8, 3),
+    (1, 2, 1, "2 processes on this host but 1 GPU; NCCL needs one GPU per process: --nproc-per-node at most 1"),
+    (0, 1, 0, "no CUDA GPU is visible"),
+])
+def test_torchrun_device_gives_each_worker_its_own_gpu_or_one_line(local, local_size, gpus, expect):
+    from mpisparse.device import torchrun_device
+
+    if isinstance(expect, int):
+        assert torchrun_device(local, local_size, gpus) == expect
+    else:
+        with pytest.raises(ValueError, match=expect) as e:
+            torchrun_device(local, local_size, gpus)
+        assert "\n" not in str(e.value)

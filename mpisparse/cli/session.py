@@ -87,7 +87,15 @@ def open_torch_dist(device: str, configs: Sequence[Any] = ()):
 
     if not dist.is_initialized():
         if device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            from ..device import torchrun_device
+
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            try:
+                dev = torchrun_device(local, int(os.environ.get("LOCAL_WORLD_SIZE", local + 1)),
+                                      torch.cuda.device_count())
+            except ValueError as e:
+                raise click.UsageError(str(e)) from None
+            torch.cuda.set_device(dev)
         dist.init_process_group("nccl" if device == "cuda" else "gloo")
     comm = TorchDistCommunicator()
     if configs:
