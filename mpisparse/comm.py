@@ -153,9 +153,13 @@ class Communicator:
         Verify counts and dtypes of every collective across ranks first.
     cuda_aware:
         Force (True/False) or leave to :func:`decide_cuda_aware_how` (None).
+    host_only:
+        The job keeps its arrays in host memory: a library that says it is
+        CUDA-aware is believed without the device probe (no CUDA call).
     """
 
-    def __init__(self, mpi_comm=None, *, check: bool = False, cuda_aware: bool | None = None):
+    def __init__(self, mpi_comm=None, *, check: bool = False, cuda_aware: bool | None = None,
+                 host_only: bool = False):
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -163,7 +167,7 @@ class Communicator:
         self.rank: int = self.comm.Get_rank()
         self.size: int = self.comm.Get_size()
         self.check = bool(check)
-        self.cuda_aware, self.cuda_aware_how = decide_cuda_aware_how(cuda_aware, self.comm)
+        self.cuda_aware, self.cuda_aware_how = decide_cuda_aware_how(cuda_aware, None if host_only else self.comm)
         self.stats: dict[str, CallStats] = {}
         # host staging buffers (pinned), one per role, grown as needed and reused across calls
         self._host_buffers: dict[tuple, np.ndarray] = {}

@@ -36,6 +36,7 @@ pointer given to an MPI without CUDA support can crash the process.
 from __future__ import annotations
 
 import os
+import platform
 import sys
 from dataclasses import dataclass
 from typing import Sequence
@@ -44,7 +45,7 @@ import numpy as np
 
 __all__ = ["gpu_count", "gpu_names", "pick_device", "DeviceAssignment", "assign_device", "current_assignment",
            "probe_cuda_aware", "CupyOps", "cuda_unusable_reason", "check_device_usable", "array_module_for",
-           "torch_device", "torchrun_device"]
+           "torch_device", "torchrun_device", "assign_torchrun_device"]
 
 _assignment: "DeviceAssignment | None" = None
 
@@ -151,6 +152,25 @@ def assign_device(comm, *, use: bool = True) -> DeviceAssignment:
     local.comm.Free()
     if use and dev is not None:
         _use(dev)
+    _assignment = a
+    return a
+
+
+def assign_torchrun_device(env: "dict[str, str] | None" = None) -> DeviceAssignment:
+    """Select this ``torchrun`` worker's GPU (:func:`torchrun_device`, from torchrun's ``RANK``,
+    ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``) before NCCL starts; recorded as :func:`assign_device`'s is,
+    so :func:`torch_device` finds it (a torch.distributed job has no MPI node communicator to split)."""
+    global _assignment
+    env = os.environ if env is None else env
+    local = int(env.get("LOCAL_RANK", "0"))
+    local_size = int(env.get("LOCAL_WORLD_SIZE", local + 1))
+    n = gpu_count()
+    dev = torchrun_device(local, local_size, n)
+    names = gpu_names()
+    a = DeviceAssignment(rank=int(env.get("RANK", "0")), host=platform.node(), local_rank=local,
+                         local_size=local_size, device=dev, device_name=names[dev] if dev < len(names) else "none",
+                         visible=env.get("CUDA_VISIBLE_DEVICES"), n_devices=n)
+    _use(dev)
     _assignment = a
     return a
 

@@ -21,7 +21,9 @@ whose layout changed gets a fresh scheme (its residual restarts from zero).
 The schemes talk to :class:`TorchDistCommunicator`, which offers the
 subset of :class:`mpisparse.comm.Communicator` the data-parallel schemes use
 (collectives, blocking point-to-point, byte counting with the same model)
-over ``torch.distributed``: gloo for CPU tensors, NCCL for CUDA tensors.
+over ``torch.distributed``: gloo for CPU tensors, NCCL for CUDA tensors
+(``mpisparse train --device cuda`` under torchrun starts both, ``cpu:gloo,cuda:nccl``;
+in a group of NCCL alone the counts of a variable-size gather go on the GPU).
 For the same seeds and inputs a scheme returns the same aggregate as under
 MPI (``tests/test_torch_dist.py``).
 """
@@ -69,7 +71,10 @@ class TorchDistCommunicator:
         self.stats: dict[str, CallStats] = {}
         #: no host staging: the backend (gloo, NCCL) takes the tensors where they are
         self.staging = {"d2h": 0, "h2d": 0, "d2h_bytes": 0, "h2d_bytes": 0}
-        self.cuda_aware, self.cuda_aware_how = None, f"torch.distributed ({dist.get_backend(group)})"
+        backend_name = str(dist.get_backend(group))
+        self.cuda_aware, self.cuda_aware_how = None, f"torch.distributed ({backend_name})"
+        #: where the counts of a variable-size exchange go: NCCL alone takes CUDA tensors only
+        self._counts_device = "cuda" if backend_name == "nccl" else "cpu"
 
     # the counters and the byte model are the MPI communicator's own (one place for both)
     bytes_sent = Communicator.bytes_sent
@@ -103,11 +108,11 @@ class TorchDistCommunicator:
         return x
 
     def allgather_counts(self, count: int) -> np.ndarray:
-        mine = torch.tensor([count], dtype=torch.int64)
-        parts = [torch.empty(1, dtype=torch.int64) for _ in range(self.size)]
+        mine = torch.tensor([count], dtype=torch.int64, device=self._counts_device)
+        parts = [torch.empty(1, dtype=torch.int64, device=self._counts_device) for _ in range(self.size)]
         with self._timed("allgather_counts", self._ring_allgather_bytes([8] * self.size)):
             dist.all_gather(parts, mine, group=self.group)
-        return torch.cat(parts).numpy()
+        return torch.cat(parts).cpu().numpy()
 
     def allgatherv(self, x, counts: np.ndarray | None = None):
         """Concatenate every rank's 1-D ``x`` (any length); returns ``(recv, counts)``.
@@ -149,11 +154,11 @@ class TorchDistCommunicator:
     def sendrecv(self, x, peer: int, *, tag: int = 0):
         """Exchange 1-D arrays of any lengths with ``peer`` (counts first); returns the peer's array."""
         check_dtype(x, reduce=False)
-        mine = torch.tensor([x.size], dtype=torch.int64)
-        theirs = torch.empty(1, dtype=torch.int64)
+        mine = torch.tensor([x.size], dtype=torch.int64, device=self._counts_device)
+        theirs = torch.empty(1, dtype=torch.int64, device=self._counts_device)
         with self._timed("sendrecv_counts", 8):
             self._exchange(mine, theirs, peer, tag)
-        recv = backend.array_module(x).empty(int(theirs[0]), dtype=x.dtype)
+        recv = backend.array_module(x).empty(int(theirs[0].item()), dtype=x.dtype)
         with self._timed("sendrecv", int(x.size) * np.dtype(x.dtype).itemsize):
             self._exchange(_tensor(x), _tensor(recv), peer, tag + 1)
         return recv

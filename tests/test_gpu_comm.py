@@ -72,3 +72,20 @@ def test_collectives_on_cupy_arrays():
     require_gpu()
     out = mpi_run(2, [mpi_script("check_gpu_comm.py"), "--cupy"])
     assert "gpu comm (cupy) OK on 2 ranks" in out.stdout
+
+
+@pytest.mark.mpi
+def test_a_host_job_makes_no_cuda_call():
+    out = mpi_run(2, [mpi_script("check_host_job.py")])
+    assert "host job OK on 2 ranks" in out.stdout
+
+
+def test_a_claimed_cuda_aware_library_is_not_probed_in_a_host_job():
+    from mpisparse.comm import decide_cuda_aware_how
+
+    def no_gpu_call():
+        raise AssertionError("probed")
+
+    # Communicator(host_only=True) passes no communicator: believed, never probed
+    assert decide_cuda_aware_how(None, None, library=lambda: True, have_gpu=no_gpu_call,
+                                 probe=no_gpu_call) == (True, "library: yes")

@@ -124,3 +124,19 @@ def test_torchrun_device_gives_each_worker_its_own_gpu_or_one_line(local, local_
         with pytest.raises(ValueError, match=expect) as e:
             torchrun_device(local, local_size, gpus)
         assert "\n" not in str(e.value)
+
+
+def test_a_torchrun_workers_gpu_is_recorded_for_torch_device(monkeypatch):
+    from mpisparse import device
+
+    used = []
+    monkeypatch.setattr(device, "gpu_count", lambda: 2)
+    monkeypatch.setattr(device, "gpu_names", lambda: ["gpu a", "gpu b"])
+    monkeypatch.setattr(device, "_use", used.append)
+    monkeypatch.setattr(device, "_assignment", None)
+    a = device.assign_torchrun_device({**TORCHRUN_ENV, "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    assert (a.rank, a.local_rank, a.local_size, a.device, a.device_name) == (3, 1, 2, 1, "gpu b") and used == [1]
+    # the train loop's torch device is that GPU, with no MPI communicator to split
+    assert str(device.torch_device("cuda", comm=None)) == "cuda:1" and used == [1, 1]
+    with pytest.raises(ValueError, match="3 processes on this host but 2 GPUs"):
+        device.assign_torchrun_device({**TORCHRUN_ENV, "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "3"})

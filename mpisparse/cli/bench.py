@@ -106,7 +106,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
     from ..runtimes import bench_step as run_bench_step
 
     comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs,
-                     hierarchical=cfgs[0].hierarchical)
+                     hierarchical=cfgs[0].hierarchical, gpu=cfgs[0].device == "cuda")
     results = []
     for cfg in cfgs:
         res = run_bench_step(comm, cfg, progress=output.progress(comm, f"{cfg.scheme}: step"))
@@ -210,7 +210,7 @@ def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, se
     from ..bench.exchange import run_exchange_bench
 
     comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs,
-                     hierarchical=cfgs[0].hierarchical)
+                     hierarchical=cfgs[0].hierarchical, gpu=cfgs[0].device == "cuda")
     progress = output.progress(comm, "exchange")
     results = run_exchange_bench(
         comm, model=model, schemes=schemes, densities=densities, iters=iters, warmup=warmup, seed=seed,

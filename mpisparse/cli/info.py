@@ -21,7 +21,7 @@ def info(nprocs, timeout, json_path, cuda_aware) -> None:
     maybe_relaunch(nprocs, timeout)
     from ..info import collect_info
 
-    comm = open_comm(nprocs, cuda_aware=cuda_aware)
+    comm = open_comm(nprocs, cuda_aware=cuda_aware, gpu=True)  # the rank -> GPU mapping is what it reports
     report = collect_info(comm)
     if comm.rank == 0:
         output.info_outputs(report, json_path)

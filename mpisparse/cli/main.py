@@ -16,7 +16,7 @@ import traceback
 import click
 
 from .. import __version__
-from ..launch import abort_job, env_rank, report_started, under_mpi_launcher
+from ..launch import abort_job, env_rank, report_started, under_mpi_launcher, under_torchrun
 from . import session
 
 __all__ = ["cli", "main"]
@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> None:
                 time.sleep(1.0)
         elif env_rank() == 0:
             e.show()
+        elif under_torchrun():
+            # every worker finds the same error: give rank 0 a moment to print it before this exit
+            # makes torchrun stop the others
+            time.sleep(1.0)
         _fail(e.exit_code)
     except SystemExit as e:
         code = e.code

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import click
@@ -44,7 +43,7 @@ def maybe_relaunch(nprocs: int | None, timeout: int | None) -> bool:
 
 
 def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None = None, *,
-              configs: Sequence[Any] = (), hierarchical: bool = False):
+              configs: Sequence[Any] = (), hierarchical: bool = False, gpu: bool = False):
     """The communicator a command runs on; ``configs`` are first compared across ranks.
 
     A launcher that started processes MPI does not see as one job is refused
@@ -52,7 +51,11 @@ def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None =
     communicator, before ``check`` or ``cuda_aware`` (which are part of the
     configurations) change how any collective runs: ranks that disagree on
     them fail instead of hanging.  ``hierarchical``: two-level collectives
-    (:class:`mpisparse.hierarchy.HierarchicalCommunicator`).
+    (:class:`mpisparse.hierarchy.HierarchicalCommunicator`).  ``gpu``: the job
+    puts arrays on GPUs, so each rank's GPU is selected (by local rank)
+    before anything allocates on one, and a CUDA-aware library is probed.
+    Without it no CUDA call is made: a host job on a GPU node creates no CUDA
+    context (one costs each rank about 280 MiB of host memory).
     """
     from mpi4py import MPI
 
@@ -67,8 +70,9 @@ def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None =
         raise click.UsageError(f"-n {nprocs} was given but the MPI job has {plain.size} ranks")
     if configs:
         agree_on_config(plain, configs)
-    assign_device(plain)  # GPU by local rank, before any probe allocates on one
-    comm = Communicator(check=check, cuda_aware=cuda_aware)
+    if gpu:
+        assign_device(plain)  # GPU by local rank, before any probe allocates on one
+    comm = Communicator(check=check, cuda_aware=cuda_aware, host_only=not gpu)
     if hierarchical:
         from ..hierarchy import HierarchicalCommunicator
 
@@ -77,26 +81,23 @@ def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None =
 
 
 def open_torch_dist(device: str, configs: Sequence[Any] = ()):
-    """The communicator of a ``torchrun`` job: ``torch.distributed`` (gloo on CPU, NCCL for ``--device cuda``)
+    """The communicator of a ``torchrun`` job: ``torch.distributed`` (gloo on CPU; NCCL and gloo for ``--device cuda``)
     initialised from torchrun's environment, wrapped as :class:`mpisparse.torch_dist.TorchDistCommunicator`;
     ``configs`` are compared across ranks first.  No MPI is started."""
-    import torch
     import torch.distributed as dist
 
     from ..torch_dist import TorchDistCommunicator
 
     if not dist.is_initialized():
         if device == "cuda":
-            from ..device import torchrun_device
+            from ..device import assign_torchrun_device
 
-            local = int(os.environ.get("LOCAL_RANK", "0"))
             try:
-                dev = torchrun_device(local, int(os.environ.get("LOCAL_WORLD_SIZE", local + 1)),
-                                      torch.cuda.device_count())
+                assign_torchrun_device()  # this worker's GPU (CuPy's and torch's current device)
             except ValueError as e:
                 raise click.UsageError(str(e)) from None
-            torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if device == "cuda" else "gloo")
+        # CUDA tensors through NCCL, the small host tensors (counts, objects) through gloo
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device == "cuda" else "gloo")
     comm = TorchDistCommunicator()
     if configs:
         agree_on_config(comm, configs)

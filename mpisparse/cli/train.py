@@ -130,7 +130,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
     else:
         maybe_relaunch(nprocs, timeout)
         comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs,
-                         hierarchical=cfgs[0].hierarchical)
+                         hierarchical=cfgs[0].hierarchical, gpu=cfgs[0].device == "cuda")
 
     from ..runtimes import train as run_train
 
