@@ -243,7 +243,7 @@ def machine() -> dict[str, Any]:
         info["cupy"] = f"unusable: {e}"
     info["mpiexec"] = (_capture([_mpiexec(), "--version"]).splitlines() or ["unknown"])[0]
     info["mpi"] = _capture([sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import "
-                            "MPI; print(MPI.Get_library_version().splitlines()[0])"])
+                            "MPI; print(MPI.Get_library_version().splitlines()[0])"]).replace("\0", "")  # Open MPI ends it with NUL
     # a copy of the tree whose .git is missing or stale (a device lease): the caller names the commit
     info["commit"] = os.environ.get("MPISPARSE_COMMIT") or _capture(
         ["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"])
