@@ -1,9 +1,9 @@
 """A host job touches no GPU: ``open_comm`` without ``gpu`` makes no CUDA call; with it, it selects the GPU.
 
-On a GPU node a CUDA context costs each rank about 280 MiB of host memory
-(measured on an H100 host, docs/performance.md "Memory"), so a ``--device
-cpu`` job must not create one.  Here the device module's CUDA entry points
-are replaced by recorders that fail.
+On a GPU node a CUDA context costs each rank host memory (268 MiB on an
+H100 host, docs/performance.md "Memory"), so a ``--device cpu`` job must not
+create one.  Here the device module's CUDA entry points are replaced by
+recorders that fail.
 """
 
 from mpisparse import device
