@@ -73,14 +73,21 @@ LAYOUT = FusionLayout([("a.weight", (64, 32)), ("a.bias", (300,)), ("b.weight", 
                                          ("deft", {}), ("dct", {"lifespan": 2})])
 @pytest.mark.parametrize("kernel", ["torch", "sort"])
 def test_a_scheme_gives_the_same_steps_with_the_papers_primitive(scheme, opts, kernel):
-    """Output and residual step by step: the primitive changes the time a selection takes, not its result."""
+    """Output and residual step by step: the primitive changes the time a selection takes, not its result.
+
+    The gradients are continuous draws, not ``_distinct``'s: the residual plus
+    a gradient of magnitudes ``i / n`` ties often (``(a + b) / n``), and which of
+    two tied entries a kernel keeps is its own (the native pick is
+    ``np.argpartition``, whose vectorised path depends on the CPU): with such a
+    tie at the k-th place the same seeds passed on one machine and failed on
+    another (AVX2, no AVX-512) on 2026-11-26."""
     runs = {}
     for kern in ("native", kernel):
         sch = create(scheme, SelfComm(), LAYOUT, 0.02, timer=PhaseTimer(), select_kernel=kern, **opts)
         assert sch.select_kernel == kern
         outs = []
         for t in range(4):
-            g = _distinct(LAYOUT.n, seed=100 + t)
+            g = np.random.default_rng(100 + t).standard_normal(LAYOUT.n).astype(np.float32)
             outs.append(sch.step(g).copy())
         runs[kern] = (outs, np.array(sch.memory.residual, copy=True))
     for a, b in zip(runs["native"][0], runs[kernel][0]):
