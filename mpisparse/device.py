@@ -71,6 +71,12 @@ def gpu_names() -> list[str]:
         return []
 
 
+def gpu_name(dev: int | None) -> str:
+    """The name of CUDA device ``dev`` (:func:`gpu_names`), "none" for None or a device this process does not see."""
+    names = gpu_names() if dev is not None else []
+    return names[dev] if dev is not None and dev < len(names) else "none"
+
+
 def _name(raw) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
@@ -144,10 +150,8 @@ def assign_device(comm, *, use: bool = True) -> DeviceAssignment:
     everyone = local.allgather_obj(visible)
     n = gpu_count()
     dev = pick_device(local.rank, n, everyone)
-    names = gpu_names() if dev is not None else []
     a = DeviceAssignment(rank=comm.rank, host=comm.processor_name(), local_rank=local.rank,
-                         local_size=local.size, device=dev,
-                         device_name=names[dev] if dev is not None and dev < len(names) else "none",
+                         local_size=local.size, device=dev, device_name=gpu_name(dev),
                          visible=visible, n_devices=n)
     local.comm.Free()
     if use and dev is not None:
@@ -166,9 +170,8 @@ def assign_torchrun_device(env: "dict[str, str] | None" = None) -> DeviceAssignm
     local_size = int(env.get("LOCAL_WORLD_SIZE", local + 1))
     n = gpu_count()
     dev = torchrun_device(local, local_size, n)
-    names = gpu_names()
     a = DeviceAssignment(rank=int(env.get("RANK", "0")), host=platform.node(), local_rank=local,
-                         local_size=local_size, device=dev, device_name=names[dev] if dev < len(names) else "none",
+                         local_size=local_size, device=dev, device_name=gpu_name(dev),
                          visible=env.get("CUDA_VISIBLE_DEVICES"), n_devices=n)
     _use(dev)
     _assignment = a

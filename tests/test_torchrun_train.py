@@ -140,3 +140,11 @@ def test_a_torchrun_workers_gpu_is_recorded_for_torch_device(monkeypatch):
     assert str(device.torch_device("cuda", comm=None)) == "cuda:1" and used == [1, 1]
     with pytest.raises(ValueError, match="3 processes on this host but 2 GPUs"):
         device.assign_torchrun_device({**TORCHRUN_ENV, "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "3"})
+
+
+@pytest.mark.parametrize("dev, expect", [(0, "gpu a"), (1, "gpu b"), (2, "none"), (None, "none")])
+def test_a_devices_name_is_none_when_this_process_does_not_see_it(monkeypatch, dev, expect):
+    from mpisparse import device
+
+    monkeypatch.setattr(device, "gpu_names", lambda: ["gpu a", "gpu b"])
+    assert device.gpu_name(dev) == expect
