@@ -1,4 +1,5 @@
-"""Every relative link in the README and docs/ reaches a file of the repo, and every ``#anchor`` a heading of it."""
+"""Every relative link in the README and docs/ reaches a file of the repo, and every ``#anchor`` a heading of it;
+the README stays short and links every docs page."""
 import re
 from pathlib import Path
 
@@ -61,3 +62,12 @@ def test_there_are_links_and_anchors_to_check():
     found = [t for doc in DOCS for t in links(doc)]
     assert len(DOCS) > 20 and len(found) > 200
     assert sum("#" in t for t in found) > 20
+
+
+def test_the_readme_is_short_and_links_every_docs_page():
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) <= 220
+    readme_links = {t.split("#", 1)[0] for t in links(readme)}
+    for doc in ("design", "cli", "schemes", "extending", "cluster", "gpu", "failures", "architecture",
+                "performance", "performance-log", "usage", "torch"):
+        assert f"docs/{doc}.md" in readme_links, f"README.md does not link docs/{doc}.md"

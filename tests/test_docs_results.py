@@ -132,24 +132,6 @@ def test_cli_reference_lists_every_command():
         assert f"## `mpisparse bench {name}`" in text
 
 
-_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
-
-
-def _relative_links(path: Path) -> list[str]:
-    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
-    return [t for t in _LINK.findall(text) if not re.match(r"^[a-z]+:", t) and not t.startswith("#")]
-
-
-def test_the_readme_is_short_and_links_every_docs_page():
-    """(Every link of the README and docs/ resolving, anchors included, is tests/test_docs_links.py.)"""
-    readme = ROOT / "README.md"
-    assert len(readme.read_text().splitlines()) <= 220
-    readme_links = {t.split("#", 1)[0] for t in _relative_links(readme)}
-    for doc in ("design", "cli", "schemes", "extending", "cluster", "gpu", "failures", "architecture",
-                "performance", "performance-log", "usage", "torch"):
-        assert f"docs/{doc}.md" in readme_links, f"README.md does not link docs/{doc}.md"
-
-
 def test_no_tracked_file_points_into_a_work_directory_or_cites_the_design_notes():
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     patterns = ["/" + "work/", "/" + "home/", "DESIGN.md " + "section", "DESIGN.md " + "\u00a7"]
