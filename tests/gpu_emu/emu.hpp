@@ -1,8 +1,12 @@
 // A small CPU emulator of the CUDA execution model, for running the kernels of
 // mpisparse/backend/cuda/*.cu on a machine without a GPU (tests only).
 //
-// Every CUDA thread of a block is a fiber (ucontext) on one OS thread; blocks
-// run one after another.  A fiber runs until it reaches a synchronisation
+// Every CUDA thread of a block is a fiber on one OS thread; blocks run one
+// after another.  A fiber is started once per launch (ucontext) and then runs
+// the kernel body once per block; switches between fibers and the scheduler
+// are _setjmp/_longjmp, which save no signal mask (swapcontext makes a system
+// call at every switch).  fakecupy.py compiles without _FORTIFY_SOURCE, whose
+// checked longjmp refuses to jump to another stack.  A fiber runs until it reaches a synchronisation
 // point -- __syncthreads() or a warp intrinsic (__ballot_sync, __shfl_sync) --
 // where it waits until every thread of its block (or lane of its warp) has
 // arrived.  So the kernels' barrier and warp-collective logic executes for
@@ -17,6 +21,7 @@
 #ifndef MPISPARSE_EMU_HPP
 #define MPISPARSE_EMU_HPP
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cmath>
@@ -52,13 +57,15 @@ namespace emu {
 inline emu_dim3 g_thread{0, 1, 1}, g_block{0, 1, 1}, g_bdim{1, 1, 1}, g_gdim{1, 1, 1};
 
 struct Fiber {
-    ucontext_t ctx;
-    std::vector<char> stack;
+    ucontext_t ctx;  // only to enter the fiber's stack the first time
+    jmp_buf jb;      // where it stopped
     unsigned tid = 0;
+    bool started = false;
     bool done = false;
 };
 
-inline ucontext_t g_sched;
+inline jmp_buf g_sched;
+inline std::vector<std::vector<char>> g_stacks;  // reused by every launch (zero-filled once)
 inline std::vector<Fiber>* g_fibers = nullptr;
 inline Fiber* g_cur = nullptr;
 inline const std::function<void()>* g_body = nullptr;
@@ -67,13 +74,25 @@ inline std::vector<uint64_t> g_warp_slot;
 inline unsigned g_block_arrived = 0, g_block_gen = 0;
 inline bool g_progress = false;
 
-inline void yield() { swapcontext(&g_cur->ctx, &g_sched); }
+inline void yield() {
+    if (!_setjmp(g_cur->jb)) _longjmp(g_sched, 1);
+}
 
+// A fiber's whole life in one launch: the body once per block, back to the scheduler after each.
 inline void fiber_main() {
-    (*g_body)();
-    g_cur->done = true;
-    g_progress = true;
-    swapcontext(&g_cur->ctx, &g_sched);
+    for (;;) {
+        (*g_body)();
+        g_cur->done = true;
+        g_progress = true;
+        yield();
+    }
+}
+
+inline void resume(Fiber& f) {
+    if (_setjmp(g_sched)) return;
+    if (f.started) _longjmp(f.jb, 1);
+    f.started = true;
+    setcontext(&f.ctx);
 }
 
 inline void block_barrier() {
@@ -115,7 +134,16 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& b
         std::abort();
     }
     std::vector<Fiber> fibers(block);
-    for (Fiber& f : fibers) f.stack.resize(64 * 1024);  // allocated once per launch, reused by every block
+    if (g_stacks.size() < block) g_stacks.resize(block, std::vector<char>(64 * 1024));
+    for (unsigned t = 0; t < block; ++t) {
+        Fiber& f = fibers[t];
+        f.tid = t;
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = g_stacks[t].data();
+        f.ctx.uc_stack.ss_size = g_stacks[t].size();
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, fiber_main, 0);
+    }
     g_fibers = &fibers;
     g_body = &body;
     g_bdim = {block, 1, 1};
@@ -127,16 +155,7 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& b
         g_warp_slot.assign(block, 0);
         g_block_arrived = 0;
         g_block_gen = 0;
-        for (unsigned t = 0; t < block; ++t) {
-            Fiber& f = fibers[t];
-            f.tid = t;
-            f.done = false;
-            getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = f.stack.data();
-            f.ctx.uc_stack.ss_size = f.stack.size();
-            f.ctx.uc_link = nullptr;
-            makecontext(&f.ctx, fiber_main, 0);
-        }
+        for (Fiber& f : fibers) f.done = false;
         unsigned remaining = block;
         int idle_rounds = 0;
         while (remaining) {
@@ -146,7 +165,7 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& b
                 if (f.done) continue;
                 g_cur = &f;
                 g_thread = {t, 0, 0};
-                swapcontext(&g_sched, &f.ctx);
+                resume(f);
                 if (f.done) --remaining;
             }
             idle_rounds = g_progress ? 0 : idle_rounds + 1;

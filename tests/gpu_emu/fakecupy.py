@@ -181,6 +181,10 @@ _LIBS: dict[str, ctypes.CDLL] = {}
 _KERNEL_RE = re.compile(r'extern\s+"C"\s+__attribute__\(\(used\)\)\s+void\s+(\w+)\s*\(')
 
 
+#: the emulator switches fibers with _longjmp, which _FORTIFY_SOURCE's checked form refuses across stacks
+_CXXFLAGS = ("-std=c++17", "-O1", "-g0", "-U_FORTIFY_SOURCE", "-fPIC", "-shared", "-Wno-unknown-pragmas")
+
+
 def _cache_dir() -> Path:
     d = Path(tempfile.gettempdir()) / f"mpisparse-gpu-emu-{os.getuid()}"
     d.mkdir(exist_ok=True)
@@ -190,7 +194,7 @@ def _cache_dir() -> Path:
 def _build(code: str) -> ctypes.CDLL:
     cxx = os.environ.get("CXX", "g++")
     emu = (HERE / "emu.hpp").read_text()
-    key = hashlib.sha256((emu + "\0" + code).encode()).hexdigest()[:20]
+    key = hashlib.sha256((" ".join(_CXXFLAGS) + "\0" + emu + "\0" + code).encode()).hexdigest()[:20]
     if key in _LIBS:
         return _LIBS[key]
     d = _cache_dir()
@@ -213,7 +217,7 @@ def _build(code: str) -> ctypes.CDLL:
                         f'{{ return emu_params(&{n}, s, p); }}')
         src.write_text(body + "\n".join(wrap) + "\n")
         tmp = d / f"k{key}.{os.getpid()}.so"
-        cmd = [cxx, "-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-Wno-unknown-pragmas", "-o", str(tmp), str(src)]
+        cmd = [cxx, *_CXXFLAGS, "-o", str(tmp), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"emu: compiling the kernels failed:\n{proc.stderr[-4000:]}")
