@@ -55,6 +55,28 @@ def test_digits_split_deterministic_and_disjoint(digits):
     assert counts.min() >= 34 and counts.max() <= 38
 
 
+def test_digits_read_without_importing_scikit_learn_equal_its_loader(monkeypatch):
+    import subprocess
+    import sys
+
+    from mpisparse import data
+
+    assert data._digits_csv() is not None  # the installed scikit-learn keeps its CSV where it is read
+    code = ("import sys; from mpisparse.data import _digits_arrays; _digits_arrays(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]"
+    from sklearn.datasets import load_digits
+
+    ref = load_digits()
+    x, y = data._digits_arrays()
+    assert x.dtype == np.float64 and y.dtype == np.int64
+    assert np.array_equal(x, ref.data) and np.array_equal(y, ref.target)
+    monkeypatch.setattr(data, "_digits_csv", lambda: None)  # scikit-learn keeps it elsewhere: its loader
+    x2, y2 = data._digits_arrays()
+    assert np.array_equal(x2, ref.data) and np.array_equal(y2, ref.target)
+
+
 def test_synthetic():
     a = load_dataset("synthetic", seed=3, n_train=512, n_test=128)
     b = load_dataset("synthetic", seed=3, n_train=512, n_test=128)

@@ -148,17 +148,43 @@ def _stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[n
 
 # --------------------------------------------------------------------------- digits / synthetic
 
+def _digits_csv() -> str | None:
+    """The file scikit-learn's ``load_digits`` reads (``sklearn/datasets/data/digits.csv.gz``), found
+    without importing scikit-learn (whose import takes seconds a rank; the file is its own package data),
+    or None where the installed scikit-learn keeps it elsewhere."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        path = os.path.join(root, "datasets", "data", "digits.csv.gz")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 digits: pixels (float64, 0..16) and labels (int64), as ``sklearn.datasets.load_digits``
+    gives them (its CSV, 64 pixel columns then the label, read directly when it is where scikit-learn
+    keeps it; else through scikit-learn)."""
+    path = _digits_csv()
+    if path is not None:
+        table = np.loadtxt(path, delimiter=",", dtype=np.float64)
+        if table.shape == (1797, 65):
+            return table[:, :-1], table[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits as _sk_digits
+
+    raw = _sk_digits()
+    return raw.data.astype(np.float64), raw.target.astype(np.int64)
+
+
 def load_digits(*, seed: int = 0, image: bool = False, test_fraction: float = 0.2) -> Dataset:
     """scikit-learn's bundled 8x8 digits, split 80/20 (stratified, seeded by ``seed``).
 
     Pixels (0..16) are scaled to [0, 1], then standardised per feature with the
     train split's mean and std (features with std 0 are only centred).
     """
-    from sklearn.datasets import load_digits as _sk_digits
-
-    raw = _sk_digits()
-    x = raw.data.astype(np.float64) / 16.0
-    y = raw.target.astype(np.int64)
+    x, y = _digits_arrays()
+    x = x / 16.0
     train_idx, test_idx = _stratified_split(y, test_fraction, seed)
     xtr, xte = _standardise(x[train_idx], x[test_idx])
     xtr, shape = _as_image(xtr, image)
