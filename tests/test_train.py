@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,15 +33,33 @@ def test_wrapper_update_equals_numpy_reference_and_skips_nan(ranks):
     assert f"wrapper OK on {ranks} ranks" in p.stdout
 
 
-def test_same_seed_gives_identical_losses(tmp_path):
-    _, a = train(tmp_path, "a", "--scheme", "topk", "--epochs", "2", "--csv", str(tmp_path / "a.csv"))
-    _, b = train(tmp_path, "b", "--scheme", "topk", "--epochs", "2", "--csv", str(tmp_path / "b.csv"))
-    la = [r["loss"] for r in csv.DictReader(open(tmp_path / "a.csv"))]
+@pytest.fixture(scope="module")
+def topk_run(tmp_path_factory):
+    """One run shared by the determinism and resume tests (each launch costs seconds of imports): topk for
+    3 epochs with its per-step CSV, and its first epoch again with a checkpoint, which each test that
+    resumes from it copies first.  -> (folder, the 3-epoch result, the checkpoint folder)."""
+    d = tmp_path_factory.mktemp("topk")
+    _, full = train(d, "full", "--scheme", "topk", "--epochs", "3", "--csv", str(d / "full.csv"))
+    train(d, "part", "--scheme", "topk", "--epochs", "1", "--checkpoint", str(d / "ck"))
+    assert (d / "ck" / "LATEST").read_text().startswith("step-")
+    return d, full, d / "ck"
+
+
+def checkpoint_copy(topk_run, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(topk_run[2], ck)
+    return ck
+
+
+def test_same_seed_gives_identical_losses(tmp_path, topk_run):
+    shared, a, _ = topk_run
+    _, b = train(tmp_path, "b", "--scheme", "topk", "--epochs", "3", "--csv", str(tmp_path / "b.csv"))
+    la = [r["loss"] for r in csv.DictReader(open(shared / "full.csv"))]
     lb = [r["loss"] for r in csv.DictReader(open(tmp_path / "b.csv"))]
     assert len(la) > 10 and la == lb
     assert a["metrics"]["per_epoch"][-1]["test_loss"] == b["metrics"]["per_epoch"][-1]["test_loss"]
-    _, c = train(tmp_path, "c", "--scheme", "topk", "--epochs", "2", "--seed", "1")
-    assert c["metrics"]["final"]["test_loss"] != a["metrics"]["final"]["test_loss"]
+    _, c = train(tmp_path, "c", "--scheme", "topk", "--epochs", "1", "--seed", "1")
+    assert c["metrics"]["final"]["test_loss"] != a["metrics"]["per_epoch"][0]["test_loss"]
 
 
 def test_json_contract_and_metrics(tmp_path):
@@ -56,11 +75,8 @@ def test_json_contract_and_metrics(tmp_path):
     assert "per-phase time per step" in p.stdout and "test accuracy" in p.stdout
 
 
-def test_resume_equals_uninterrupted_run(tmp_path):
-    ck = tmp_path / "ck"
-    _, full = train(tmp_path, "full", "--scheme", "topk", "--epochs", "3", "--csv", str(tmp_path / "full.csv"))
-    train(tmp_path, "part", "--scheme", "topk", "--epochs", "1", "--checkpoint", str(ck))
-    assert (ck / "LATEST").read_text().startswith("step-")
+def test_resume_equals_uninterrupted_run(tmp_path, topk_run):
+    full, ck = topk_run[1], checkpoint_copy(topk_run, tmp_path)
     _, resumed = train(tmp_path, "resumed", "--scheme", "topk", "--epochs", "3", "--checkpoint", str(ck), "--resume")
     assert resumed["metrics"]["per_epoch"] == full["metrics"]["per_epoch"] or all(
         a[k] == b[k] for a, b in zip(resumed["metrics"]["per_epoch"], full["metrics"]["per_epoch"])
@@ -88,9 +104,8 @@ def test_kill_during_training_then_resume_equals_uninterrupted(tmp_path):
     assert resumed["metrics"]["final"]["iteration"] == full["metrics"]["final"]["iteration"]
 
 
-def test_resume_at_another_world_size_resets_residuals_with_a_warning(tmp_path):
-    ck = tmp_path / "ck"
-    train(tmp_path, "two", "--scheme", "topk", "--epochs", "1", "--checkpoint", str(ck))
+def test_resume_at_another_world_size_resets_residuals_with_a_warning(tmp_path, topk_run):
+    ck = checkpoint_copy(topk_run, tmp_path)  # written by 2 ranks
     p, r = train(tmp_path, "three", "--scheme", "topk", "--epochs", "2", "--checkpoint", str(ck), "--resume",
                  ranks=3)
     assert "written by 2 ranks, this job has 3" in p.stderr
@@ -169,14 +184,13 @@ def test_train_option_errors():
         assert res.exit_code == 2 and msg in res.output, res.output
 
 
-def test_a_fresh_run_refuses_a_directory_that_holds_a_checkpoint(tmp_path):
+def test_a_fresh_run_refuses_a_directory_that_holds_a_checkpoint(tmp_path, topk_run):
     """No silent deletion: --resume or --overwrite-checkpoint must say what happens to it."""
     from click.testing import CliRunner
 
     from mpisparse.cli import cli
 
-    ck = tmp_path / "ck"
-    train(tmp_path, "first", "--scheme", "topk", "--epochs", "1", "--checkpoint", str(ck), ranks=1)
+    ck = checkpoint_copy(topk_run, tmp_path)
     saved = (ck / "LATEST").read_text()
     res = CliRunner().invoke(cli, ["train", *QUICK, "--epochs", "1", "--checkpoint", str(ck)])
     assert res.exit_code == 2
