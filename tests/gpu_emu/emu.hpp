@@ -6,12 +6,14 @@
 // the kernel body once per block; switches between fibers and the scheduler
 // are _setjmp/_longjmp, which save no signal mask (swapcontext makes a system
 // call at every switch).  fakecupy.py compiles without _FORTIFY_SOURCE, whose
-// checked longjmp refuses to jump to another stack.  A fiber runs until it reaches a synchronisation
-// point -- __syncthreads() or a warp intrinsic (__ballot_sync, __shfl_sync) --
-// where it waits until every thread of its block (or lane of its warp) has
-// arrived.  So the kernels' barrier and warp-collective logic executes for
-// real (results, counts, orders), and a thread that skips a barrier its
-// block or warp reaches is reported as a deadlock.  What it cannot show:
+// checked longjmp refuses to jump to another stack.
+//
+// A fiber runs until it reaches a synchronisation point -- __syncthreads()
+// or a warp intrinsic (__ballot_sync, __shfl_sync) -- where it waits until
+// every thread of its block (or lane of its warp) has arrived.  So the
+// kernels' barrier and warp-collective logic executes for real (results,
+// counts, orders), and a thread that skips a barrier its block or warp
+// reaches is reported as a deadlock.  What it cannot show:
 // timing, memory-ordering races between barriers (threads interleave only at
 // synchronisation points), and anything about real device performance.
 //
