@@ -21,27 +21,39 @@ TORCHRUN_ENV = {"TORCHELASTIC_RUN_ID": "t", "WORLD_SIZE": "2", "RANK": "0", "LOC
                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555"}
 
 
-def _result(path):
+def _results(path):
     res = json.loads(path.read_text())
-    return res[0] if isinstance(res, list) else res
+    return {r["scheme"]: r for r in (res if isinstance(res, list) else [res])}
 
 
-@pytest.mark.mpi
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("scheme", ["topk", "deft"])
-def test_torchrun_equals_mpi(scheme, tmp_path):
-    args = ["train", "--model", "mlp", "--scheme", scheme, "--density", "0.05", "--epochs", "1", "--batch-size", "64"]
+SCHEMES = ("topk", "deft")
+
+
+@pytest.fixture(scope="module")
+def both_runs(tmp_path_factory):
+    """Both schemes in one torchrun job and in one 2-rank MPI job (a launch costs seconds of imports)."""
+    d = tmp_path_factory.mktemp("torchrun")
+    args = ["train", "--model", "mlp", *sum((["--scheme", s] for s in SCHEMES), []), "--density", "0.05",
+            "--epochs", "1", "--batch-size", "64"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA"))}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in (str(HERE.parent), env.get("PYTHONPATH")) if p))
-    tr = tmp_path / "torchrun.json"
+    tr = d / "torchrun.json"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                            "-m", "mpisparse", *args, "--json", str(tr)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=HERE.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    mp = tmp_path / "mpi.json"
+    mp = d / "mpi.json"
     mpi_run(2, [*args, "--json", str(mp)], module=True, timeout=300)
-    a, b = _result(tr), _result(mp)
+    return _results(tr), _results(mp)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_torchrun_equals_mpi(scheme, both_runs):
+    a, b = both_runs[0][scheme], both_runs[1][scheme]
     assert a["world_size"] == b["world_size"] == 2
+
     def learned(res):  # every epoch's losses and accuracies (not its wall-clock time)
         return [{k: v for k, v in e.items() if k != "wall_seconds"} for e in res["metrics"]["per_epoch"]]
 
