@@ -155,7 +155,8 @@ def _digits_csv() -> str | None:
     import importlib.util
 
     spec = importlib.util.find_spec("sklearn")
-    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+    roots = spec.submodule_search_locations if spec is not None else None
+    for root in roots or []:
         path = os.path.join(root, "datasets", "data", "digits.csv.gz")
         if os.path.isfile(path):
             return path
