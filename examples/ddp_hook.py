@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from sklearn.datasets import load_digits
 
-from mpisparse.torch_dist import comm_hook
+from mpisparse.torch.dist import comm_hook
 
 
 def main() -> None:

@@ -80,15 +80,9 @@ def _hierarchical(cls: type[SchemeBase], on: bool) -> None:
                          f"Allreduce/Bcast/Allgatherv); allowed: {ok}")
 
 
-def _trace(cls: type[SchemeBase], path: str | None) -> None:
+def _str_or_none(flag: str, path: str | None) -> None:
     if path is not None and (not isinstance(path, str) or not path):
-        raise ValueError(f"--trace is {path!r}; allowed: a file path")
-    if path is not None:
-        from .runtimes import schemes_of
-
-        if cls.name not in schemes_of("collective"):
-            raise ValueError(f"--trace applies to the data-parallel schemes ({', '.join(schemes_of('collective'))});"
-                             f" scheme {cls.name!r} is not one")
+        raise ValueError(f"{flag} is {path!r}; allowed: a file path")
 
 
 def _world(cls: type[SchemeBase], world: int | None) -> None:
@@ -194,7 +188,7 @@ class TrainConfig:
         _bool("--diagnostics", self.diagnostics)
         _bool("--check-collectives", self.check_collectives)
         _hierarchical(cls, self.hierarchical)
-        _trace(cls, self.trace)
+        _str_or_none("--trace", self.trace)
         _optional_bool("--cuda-aware", self.cuda_aware)
         _int("--max-skipped-steps", self.max_skipped_steps, 0)
         if self.resume and not self.checkpoint:
@@ -207,14 +201,13 @@ class TrainConfig:
                 raise ValueError("--trace applies to data-parallel training; a pipeline (--mp-stages, "
                                  "--split-after, --micro-batches, --dp-scheme) has no trace")
         _world(cls, world)
-        from .runtimes import check_train
-
-        check_train(self, world)
         return self
 
 
 #: ``bench step --gradients``
 GRADIENT_SOURCES = ("synthetic", "model")
+#: the ``--model`` choices with a trainable net for ``--gradients model`` (:mod:`mpisparse.bench.model_grads`)
+MODEL_GRADIENT_MODELS = ("resnet18",)
 #: ``bench step --output``: where a data-parallel step writes its update (``CollectiveScheme.step``'s ``out``)
 STEP_OUTPUTS = ("own", "gradient")
 
@@ -245,13 +238,13 @@ class BenchConfig:
     #: ``--rss-at``: steps (counted from the first, warm-up included) after which each rank's resident
     #: memory is recorded (the result's ``rss_bytes_at_step``); empty: none
     rss_at: list[int] = field(default_factory=list)
-    #: ``--gradients``: ``synthetic`` (drawn, :mod:`mpisparse.gradgen`) or ``model`` (backward passes of the
+    #: ``--gradients``: ``synthetic`` (drawn, :mod:`mpisparse.bench.gradgen`) or ``model`` (backward passes of the
     #: trainable net of that name on each rank's own batches, :mod:`mpisparse.bench.model_grads`)
     gradients: str = "synthetic"
     #: ``--trace``: write the per-rank, per-phase spans of the timed steps here (Chrome trace-event JSON)
     trace: str | None = None
     #: ``--separate-wait``: a barrier before every collective, its time in phase ``wait``: the exchange
-    #: phases hold the transfer alone (:attr:`mpisparse.comm.Communicator.wait_timer`)
+    #: phases hold the transfer alone (:attr:`mpisparse.mpi.comm.Communicator.wait_timer`)
     separate_wait: bool = False
     #: ``--output``: ``own`` (the scheme's reused output vector) or ``gradient`` (the update written into the
     #: gradient buffer, ``step(grad, out=grad)``, as :class:`mpisparse.torch.DistributedOptimizer` does)
@@ -279,7 +272,7 @@ class BenchConfig:
         _bool("--diagnostics", self.diagnostics)
         _bool("--check-collectives", self.check_collectives)
         _hierarchical(cls, self.hierarchical)
-        _trace(cls, self.trace)
+        _str_or_none("--trace", self.trace)
         _optional_bool("--cuda-aware", self.cuda_aware)
         if not isinstance(self.rss_at, (list, tuple)) or not all(
                 isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= self.warmup + self.iters
@@ -289,8 +282,6 @@ class BenchConfig:
         self.rss_at = sorted(set(self.rss_at))
         _choice("--gradients", self.gradients, GRADIENT_SOURCES)
         if self.gradients == "model":
-            from .bench.model_grads import MODEL_GRADIENT_MODELS
-
             if self.model not in MODEL_GRADIENT_MODELS:
                 raise ValueError(f"--gradients model needs a --model with a trainable net; --model is "
                                  f"{self.model!r}, allowed: {', '.join(MODEL_GRADIENT_MODELS)}")
@@ -305,9 +296,6 @@ class BenchConfig:
                              "step; use one or the other")
         self.scheme_options = cls.validate_options(dict(self.scheme_options))
         _world(cls, world)
-        from .runtimes import check_bench
-
-        check_bench(self, world)
         return self
 
 

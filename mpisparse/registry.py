@@ -100,7 +100,7 @@ class SchemeBase:
     options: ClassVar[tuple[SchemeOption, ...]] = ()
     #: ranks the scheme needs at least (e.g. a parameter server needs 2)
     min_world_size: ClassVar[int] = 1
-    #: whether ``--hierarchical`` (two-level collectives, :mod:`mpisparse.hierarchy`) keeps this scheme's math
+    #: whether ``--hierarchical`` (two-level collectives, :mod:`mpisparse.mpi.hierarchy`) keeps this scheme's math
     hierarchical: ClassVar[bool] = False
     #: the runtime that runs it (a key of :data:`mpisparse.runtimes.RUNTIMES`), set by each runtime's base class
     runtime: ClassVar[str] = ""
@@ -126,7 +126,7 @@ class SchemeBase:
     def __init__(self, comm, layout, density: float, *, timer=None, seed: int = 0, **options: Any):
         """What a scheme of every runtime holds: its ranks, the gradient layout, density and ``k``,
         seed, phase timer and validated options (ValueError for a bad value or too few ranks)."""
-        from .timing import PhaseTimer
+        from .results.timing import PhaseTimer
 
         self.comm = comm
         self.layout = layout

@@ -5,26 +5,24 @@ steps the same way, :mod:`mpisparse.schemes`), ``ps`` (parameter server,
 :mod:`mpisparse.ps`) and ``mp`` (pipeline model parallel, :mod:`mpisparse.mp`).
 A scheme's base class declares its runtime (``SchemeBase.runtime``); a
 training run with pipeline stages (``TrainConfig.mp``) runs in ``mp``
-whatever its scheme.  Front ends and the configuration call the functions
-here and never look at a scheme's runtime themselves; this is the only
+whatever its scheme.  Front ends call the functions here (:func:`validate`
+first) and never look at a scheme's runtime themselves; this is the only
 module that compares runtime names.  Drivers and checks are named as
 ``"module:function"`` and imported when called (torch is only needed to
-train), so this module imports only the registry.
+train), so this module imports only the configuration and the registry.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
+from .config import BenchConfig, TrainConfig
 from .registry import SCHEMES, scheme_class
 
-if TYPE_CHECKING:  # annotations only: the configuration imports this module
-    from .config import BenchConfig, TrainConfig
-
 __all__ = ["RUNTIMES", "Runtime", "bench_step", "check_bench", "check_servers", "check_torchrun", "check_train", "runtime_of",
-           "schemes_of", "train", "train_runtime"]
+           "schemes_of", "train", "train_runtime", "validate"]
 
 
 @dataclass(frozen=True)
@@ -107,8 +105,26 @@ def train_runtime(cfg: TrainConfig) -> Runtime:
     return RUNTIMES["mp"] if cfg.mp is not None else runtime_of(cfg.scheme)
 
 
+def validate(cfg: TrainConfig | BenchConfig, world: int | None = None) -> TrainConfig | BenchConfig:
+    """``cfg.validate(world)``, then its runtime's own checks; returns ``cfg`` (ValueError, one line, if invalid).
+
+    The configuration checks what holds for every scheme; the checks that
+    depend on the runtime live here, so :mod:`mpisparse.config` needs no runtime.
+    """
+    cfg.validate(world)
+    (check_bench if isinstance(cfg, BenchConfig) else check_train)(cfg, world)
+    return cfg
+
+
+def _check_trace(cfg: TrainConfig | BenchConfig) -> None:
+    if cfg.trace is not None and runtime_of(cfg.scheme).name != "collective":
+        raise ValueError(f"--trace applies to the data-parallel schemes ({', '.join(schemes_of('collective'))});"
+                         f" scheme {cfg.scheme!r} is not one")
+
+
 def check_train(cfg: TrainConfig, world: int | None = None) -> None:
-    """The runtime's own checks of a training configuration (called by ``TrainConfig.validate``)."""
+    """The runtime's own checks of a validated training configuration (:func:`validate` calls it)."""
+    _check_trace(cfg)
     train_runtime(cfg).check_config(cfg, world)
 
 
@@ -122,7 +138,8 @@ def check_torchrun(cfg: TrainConfig) -> None:
 
 
 def check_bench(cfg: BenchConfig, world: int | None = None) -> None:
-    """The runtime's own checks of a ``bench`` configuration (called by ``BenchConfig.validate``)."""
+    """The runtime's own checks of a validated ``bench`` configuration (:func:`validate` calls it)."""
+    _check_trace(cfg)
     rt = runtime_of(cfg.scheme)
     rt.refuse_bench(cfg.scheme)
     if cfg.separate_wait and (cfg.hierarchical or rt.name != "collective"):

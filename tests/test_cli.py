@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from conftest import HERE, mpi_run, mpiexec_prefix
 from mpisparse.cli import cli
-from mpisparse.launch import build_mpiexec_command, env_rank, under_mpi_launcher
+from mpisparse.mpi.launch import build_mpiexec_command, env_rank, under_mpi_launcher
 
 
 def invoke(*args):
@@ -174,14 +174,14 @@ def test_a_rank_that_raises_ends_the_job_without_mpi4py_run():
     ("something else entirely", "other"),
 ])
 def test_flavor_is_read_from_version_text(text, flavor):
-    from mpisparse.launch import flavor_of_version_text
+    from mpisparse.mpi.launch import flavor_of_version_text
 
     assert flavor_of_version_text(text) == flavor
 
 
 def test_launcher_flavor_comes_from_the_mpiexec_used_not_the_library(tmp_path):
     """An Open MPI mpiexec in front of an MPICH library (or the reverse) gets its own options."""
-    from mpisparse.launch import launcher_flavor, mpi_flavor
+    from mpisparse.mpi.launch import launcher_flavor, mpi_flavor
 
     fake = tmp_path / "mpiexec"
     other = "mpich" if mpi_flavor() == "openmpi" else "openmpi"

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mpisparse.memory import ResidualMemory
+from mpisparse.schemes.memory import ResidualMemory
 from mpisparse.schemes import SCHEMES
 from mpisparse.schemes.cltk import (
     LowPassMemory, check_beta, chunk_bounds, chunk_sizes, chunked_topk, cosine_distance,

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 from conftest import GatherComm
 from mpisparse.cli import cli
 from mpisparse.config import BenchConfig, ConfigMismatch, MPConfig, TrainConfig, check_agreement
+from mpisparse.runtimes import validate
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -28,20 +29,20 @@ from mpisparse.config import BenchConfig, ConfigMismatch, MPConfig, TrainConfig,
 ])
 def test_train_config_names_the_bad_value(kw, message):
     with pytest.raises(ValueError) as e:
-        TrainConfig(**kw).validate()
+        validate(TrainConfig(**kw))
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_validate_fills_the_option_defaults_and_checks_the_world():
-    cfg = TrainConfig(scheme="threshold").validate(world=2)
+    cfg = validate(TrainConfig(scheme="threshold"), world=2)
     assert cfg.scheme_options == {"threshold": None}  # the declared default, filled in
     with pytest.raises(ValueError, match="scheme 'slimdp' needs at least 2 ranks; -n is 1"):
-        TrainConfig(scheme="slimdp").validate(world=1)
+        validate(TrainConfig(scheme="slimdp"), world=1)
     with pytest.raises(ValueError, match="--servers 2 leaves no worker among 2 ranks"):
-        BenchConfig(model="ncf", scheme="dgs", servers=2).validate(world=2)
+        validate(BenchConfig(model="ncf", scheme="dgs", servers=2), world=2)
     with pytest.raises(ValueError, match="sparsifies activations between pipeline stages"):
-        BenchConfig(model="ncf", scheme="dct-mp").validate()
-    assert BenchConfig(model="ncf", scheme="topk").validate(world=4).scheme_options == {"layerwise": False,
+        validate(BenchConfig(model="ncf", scheme="dct-mp"))
+    assert validate(BenchConfig(model="ncf", scheme="topk"), world=4).scheme_options == {"layerwise": False,
                                                                                         "select_kernel": "native"}
 
 
@@ -85,22 +86,22 @@ def test_config_differences_ignores_the_named_fields():
 
 def test_new_fields_are_checked():
     with pytest.raises(ValueError, match="--cuda-aware is 'yes'; allowed values are True, False, None"):
-        TrainConfig(cuda_aware="yes").validate()
+        validate(TrainConfig(cuda_aware="yes"))
     with pytest.raises(ValueError, match="--check-collectives is 1; allowed values are True, False"):
-        BenchConfig(model="ncf", check_collectives=1).validate()
+        validate(BenchConfig(model="ncf", check_collectives=1))
     with pytest.raises(ValueError, match=r"--rss-at is \[0\]; allowed: steps in \[1, 12\]"):
-        BenchConfig(model="ncf", rss_at=[0]).validate()
-    assert BenchConfig(model="ncf", rss_at=[12, 3, 3]).validate().rss_at == [3, 12]
+        validate(BenchConfig(model="ncf", rss_at=[0]))
+    assert validate(BenchConfig(model="ncf", rss_at=[12, 3, 3])).rss_at == [3, 12]
 
 
 def test_bench_output_is_checked():
     with pytest.raises(ValueError, match="--output is 'grad'"):
-        BenchConfig(model="ncf", output="grad").validate()
+        validate(BenchConfig(model="ncf", output="grad"))
     with pytest.raises(ValueError, match="--output gradient overwrites the gradient that --diagnostics re-reads"):
-        BenchConfig(model="ncf", scheme="topk", output="gradient", diagnostics=True).validate()
+        validate(BenchConfig(model="ncf", scheme="topk", output="gradient", diagnostics=True))
     with pytest.raises(ValueError, match="--output gradient applies to the data-parallel schemes, not to 'asgd'"):
-        BenchConfig(model="ncf", scheme="asgd", output="gradient").validate(2)
-    assert BenchConfig(model="ncf", scheme="dgc", output="gradient").validate().output == "gradient"
+        validate(BenchConfig(model="ncf", scheme="asgd", output="gradient"), 2)
+    assert validate(BenchConfig(model="ncf", scheme="dgc", output="gradient")).output == "gradient"
 
 
 def test_help_shows_common_options_first_then_one_section_per_scheme():

@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 
-from mpisparse.fusion import FusionLayout
-from mpisparse.gradgen import SyntheticGradients
-from mpisparse.memory import NoMemory, ResidualMemory, make_memory
+from mpisparse.backend.fusion import FusionLayout
+from mpisparse.bench.gradgen import SyntheticGradients
+from mpisparse.schemes.memory import NoMemory, ResidualMemory, make_memory
 from mpisparse.schemes import SCHEMES, SchemeOption, k_for, scheme_class, validate_density
 from mpisparse.results import format_table
-from mpisparse.timing import PHASES, PhaseTimer, reduce_over_ranks
+from mpisparse.results.timing import PHASES, PhaseTimer, reduce_over_ranks
 
 
 # fusion ---------------------------------------------------------------------
@@ -66,7 +66,7 @@ def test_timer_records_phases_per_step_and_skips_warmup():
 
 def test_timer_keeps_the_last_records_and_averages_every_step(monkeypatch):
     """A long run keeps a bounded number of per-step records; the means still count every timed step."""
-    import mpisparse.timing as timing
+    import mpisparse.results.timing as timing
 
     monkeypatch.setattr(timing, "KEEP_STEPS", 3)
     t = PhaseTimer()

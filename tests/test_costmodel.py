@@ -1,4 +1,4 @@
-"""The cost model (``mpisparse/costmodel.py``) and ``mpisparse bench model``."""
+"""The cost model (``mpisparse/bench/costmodel.py``) and ``mpisparse bench model``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from mpisparse import costmodel as cm
+from mpisparse.bench import costmodel as cm
 
 RATES = cm.Rates(stream=1e-9, topk=2e-9, fused=1.2e-9, scatter=1e-8, segmented=3e-9, pick=4e-8, merge=3e-8)
 LINK = cm.Link(latency=50e-6, bandwidth=1.25e8)  # 1 Gbit/s
@@ -312,7 +312,7 @@ def test_bench_model_cli_validates_against_measured_steps(tmp_path):
 
 
 def test_cost_model_table_names_both_sets_of_rates_and_counts_the_band():
-    from mpisparse.docs_results import _cost_model_render
+    from docs_results import _cost_model_render
 
     val = [{"scheme": "topk", "density": 0.01, "world_size": w, "predicted_seconds": p, "measured_seconds": 1.0,
             "error": p - 1.0} for w, p in ((2, 1.1), (4, 0.79), (8, 1.2))]

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from mpisparse.fusion import FusionLayout
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.schemes import create
 from mpisparse.schemes.dct import (DCT, laplace_fit_threshold, laplace_threshold, layer_rank,
                                    recompute_due, topk_threshold)

@@ -5,17 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from mpisparse.fusion import FusionLayout
-from mpisparse.gradgen import SyntheticGradients
-from mpisparse.layer_partition import (
-    Layer,
-    assign_local_k,
-    bin_pack,
-    layerwise_topk,
-    predicted_speedup,
-    split_large,
-    two_stage_partition,
-)
+from mpisparse.backend.fusion import FusionLayout
+from mpisparse.bench.gradgen import SyntheticGradients
+from mpisparse.schemes.deft_partition import (Layer, assign_local_k, bin_pack, layerwise_topk, predicted_speedup,
+                                              split_large, two_stage_partition)
 from mpisparse.schemes import SCHEMES, create, k_for
 from mpisparse.schemes.deft import (
     PACK_COST,
@@ -28,7 +21,7 @@ from mpisparse.schemes.deft import (
     simulate_selection_times,
     size_bins,
 )
-from mpisparse.timing import PhaseTimer
+from mpisparse.results.timing import PhaseTimer
 
 LAYOUT = FusionLayout([("a.weight", (40, 25)), ("a.bias", (25,)), ("b.weight", (300,)),
                        ("c", (0,)), ("d.weight", (250,)), ("e", (7,))])
@@ -159,7 +152,7 @@ def test_simulate_selection_times_validation(kw, match):
 
 
 class SelfComm:
-    """A one-rank stand-in for mpisparse.comm.Communicator."""
+    """A one-rank stand-in for mpisparse.mpi.comm.Communicator."""
 
     size, rank = 1, 0
     bytes_sent = 0

@@ -30,9 +30,10 @@ import torch
 from conftest import HERE, mpi_run
 from gpu_emu import fakecupy, strictcupy
 from mpisparse import backend
-from mpisparse.fusion import FusionLayout
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.schemes import create
-from mpisparse.timing import PhaseTimer
+from mpisparse.results.timing import PhaseTimer
+from mpisparse.runtimes import validate
 from conftest import SelfComm  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not fakecupy.compiler_available(),
@@ -254,15 +255,15 @@ def test_device_option_is_validated_and_refused_where_the_runtime_stays_on_the_h
     from mpisparse.config import BenchConfig, MPConfig, TrainConfig
 
     with pytest.raises(ValueError, match="--device"):
-        TrainConfig(device="gpu").validate()
+        validate(TrainConfig(device="gpu"))
     with pytest.raises(ValueError, match="--device"):
-        BenchConfig(model="ncf", device="tpu").validate()
-    TrainConfig(device="cuda", scheme="deft").validate(2)  # data parallel: accepted
-    BenchConfig(model="ncf", scheme="dgc", device="cuda").validate(2)
+        validate(BenchConfig(model="ncf", device="tpu"))
+    validate(TrainConfig(device="cuda", scheme="deft"), 2)  # data parallel: accepted
+    validate(BenchConfig(model="ncf", scheme="dgc", device="cuda"), 2)
     with pytest.raises(ValueError, match=r"^--device cuda: the parameter-server runtime \(scheme slimdp\)"):
-        TrainConfig(device="cuda", scheme="slimdp").validate(3)
+        validate(TrainConfig(device="cuda", scheme="slimdp"), 3)
     with pytest.raises(ValueError, match=r"^--device cuda: the pipeline runtime \(--mp-stages\)"):
-        TrainConfig(device="cuda", mp=MPConfig(stages=2)).validate(2)
+        validate(TrainConfig(device="cuda", mp=MPConfig(stages=2)), 2)
 
 
 def test_cuda_without_cupy_is_one_usage_line_before_mpi(monkeypatch):

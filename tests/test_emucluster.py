@@ -34,7 +34,7 @@ def _netns_usable() -> str | None:
         return "Linux only"
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
-    from mpisparse.launch import find_mpiexec, launcher_flavor
+    from mpisparse.mpi.launch import find_mpiexec, launcher_flavor
 
     if launcher_flavor(find_mpiexec()) != "mpich":
         return "bin/emucluster drives MPICH's Hydra launcher (-launcher rsh); this environment's mpiexec is not Hydra"

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from conftest import GatherComm, bench_step
-from mpisparse import device
+from mpisparse.mpi import device
 from mpisparse.bench.step import FloorPass
 from mpisparse.config import BenchConfig
-from mpisparse.fusion import FusionLayout
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.results import RunResult
 from mpisparse.results.tables import compute_seconds, format_run
+from mpisparse.runtimes import validate
 
 
 def test_the_floor_pass_adds_the_gradient_and_keeps_only_the_recorded_times():
@@ -40,11 +41,11 @@ def test_the_floor_result_is_the_max_over_ranks_of_means_and_the_median_of_the_s
 
 
 def test_floor_is_a_flag_of_the_data_parallel_schemes():
-    assert BenchConfig(model="ncf", scheme="dgc", floor=True).validate(2).floor is True
+    assert validate(BenchConfig(model="ncf", scheme="dgc", floor=True), 2).floor is True
     with pytest.raises(ValueError, match=r"--floor applies to the data-parallel schemes, not to 'asgd' \(ps runtime\)"):
-        BenchConfig(model="ncf", scheme="asgd", floor=True).validate(3)
+        validate(BenchConfig(model="ncf", scheme="asgd", floor=True), 3)
     with pytest.raises(ValueError, match="--floor is 'yes'; allowed values are True, False"):
-        BenchConfig(model="ncf", floor="yes").validate()
+        validate(BenchConfig(model="ncf", floor="yes"))
 
 
 def test_the_table_prints_compute_over_the_floor():

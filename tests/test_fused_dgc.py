@@ -8,7 +8,7 @@ import pytest
 from conftest import SelfComm
 from mpisparse.backend import fused
 from mpisparse.backend import numpy_kernels as nk
-from mpisparse.fusion import FusionLayout
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.schemes import create
 
 needs_numba = pytest.mark.skipif(not fused.available(), reason="numba is not installed (pip install mpisparse[fast])")

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import mpi_run, mpi_script
 from gpu_emu.gpu import require_gpu
-from mpisparse.device import pick_device
+from mpisparse.mpi.device import pick_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,7 @@ def test_a_host_job_makes_no_cuda_call():
 
 
 def test_a_claimed_cuda_aware_library_is_not_probed_in_a_host_job():
-    from mpisparse.comm import decide_cuda_aware_how
+    from mpisparse.mpi.comm import decide_cuda_aware_how
 
     def no_gpu_call():
         raise AssertionError("probed")

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from conftest import HERE
-from mpisparse.gpucheck import STEP_SCHEMES, Check, plan, run_check, summarise, to_markdown
+from mpisparse.bench.gpucheck import STEP_SCHEMES, Check, plan, run_check, summarise, to_markdown
 
 
 def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
@@ -98,7 +98,7 @@ def test_a_check_past_its_timeout_is_killed_with_its_children(tmp_path):
 
 
 def test_only_names_known_checks_and_deadline_skips(tmp_path, monkeypatch):
-    from mpisparse import gpucheck
+    from mpisparse.bench import gpucheck
 
     monkeypatch.setattr(gpucheck, "_gpu_missing", lambda: None)
     monkeypatch.setattr(gpucheck, "machine", lambda: {"device": "test"})

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from mpisparse.fusion import FusionLayout
-from mpisparse.gradgen import POOL_MIN, SyntheticGradients, default_pool_size
+from mpisparse.backend.fusion import FusionLayout
+from mpisparse.bench.gradgen import POOL_MIN, SyntheticGradients, default_pool_size
 from mpisparse.models.shapes import layer_shapes
 
 

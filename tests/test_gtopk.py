@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from mpisparse.backend import compiled
-from mpisparse.fusion import FusionLayout
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.schemes import create
 from mpisparse.schemes.gtopk import (doubling_schedule, gtopk_bytes, in_sorted, keep_topk,
                                      largest_power_of_two, merge_sets, merge_topk)

@@ -1,4 +1,4 @@
-"""``--hierarchical``: two-level collectives equal to the flat ones (``mpisparse/hierarchy.py``)."""
+"""``--hierarchical``: two-level collectives equal to the flat ones (``mpisparse/mpi/hierarchy.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 
 from conftest import bench_step, mpi_run, rank_script
 from mpisparse.config import BenchConfig
-from mpisparse.hierarchy import host_colors
+from mpisparse.mpi.hierarchy import host_colors
+from mpisparse.runtimes import validate
 
 
 def test_host_colors_by_name_and_by_count():
@@ -20,8 +21,8 @@ def test_host_colors_by_name_and_by_count():
 
 def test_gtopk_refuses_hierarchical():
     with pytest.raises(ValueError, match="--hierarchical does not apply to scheme 'gtopk'.*allowed: .*cltk"):
-        BenchConfig(scheme="gtopk", hierarchical=True).validate(4)
-    BenchConfig(scheme="cltk", hierarchical=True).validate(4)
+        validate(BenchConfig(scheme="gtopk", hierarchical=True), 4)
+    validate(BenchConfig(scheme="cltk", hierarchical=True), 4)
 
 
 @pytest.mark.parametrize("ranks,grouping", [(1, "one"), (2, "one"), (3, "pairs"), (4, "pairs"), (4, "split")])

@@ -24,7 +24,7 @@ from conftest import HERE
 from mpisparse import jobs
 from mpisparse.cli import cli as mpisparse_cli
 from mpisparse.cli.jobs import args_checker
-from mpisparse.launch import find_mpiexec, launcher_flavor
+from mpisparse.mpi.launch import find_mpiexec, launcher_flavor
 
 ROOT = HERE.parent
 STUBS = HERE / "slurm_stub"

@@ -41,7 +41,7 @@ def test_a_late_usr1_does_not_kill_a_finished_rank():
 def test_the_cli_ignores_it_once_train_returns(monkeypatch):
     import importlib
 
-    from mpisparse import signals
+    from mpisparse.mpi import signals
 
     cli_main = importlib.import_module("mpisparse.cli.main")
     called = []

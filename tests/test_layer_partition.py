@@ -1,4 +1,4 @@
-"""Tests for mpisparse.layer_partition (DEFT Alg. 2-5, eq. 4-6); plain pytest, no MPI.
+"""Tests for mpisparse.schemes.deft_partition (DEFT Alg. 2-5, eq. 4-6); plain pytest, no MPI.
 
 The expected values of the worked examples were computed by hand from the
 pseudocode boxes of Yoon & Oh, "DEFT", ICPP 2023; the working is in the
@@ -10,20 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from mpisparse.layer_partition import (
-    Layer,
-    assign_local_k,
-    bin_pack,
-    decode_bins,
-    encode_bins,
-    layerwise_topk,
-    leader,
-    my_part,
-    predicted_speedup,
-    selection_cost,
-    split_large,
-    two_stage_partition,
-)
+from mpisparse.schemes.deft_partition import (Layer, assign_local_k, bin_pack, decode_bins, encode_bins,
+                                              layerwise_topk, leader, my_part, predicted_speedup, selection_cost,
+                                              split_large, two_stage_partition)
 
 
 def spans(layers):
@@ -272,7 +261,7 @@ def test_bin_pack_size_cost_model_by_hand():
 def test_size_packing_balances_elements_on_model_shapes(model, w):
     """Alg. 2, split_large to n / (8 W), the size-cost Alg. 4 on real shapes: the bins tile the layers and hold <= 1.2x the mean elements."""
     from mpisparse.models.shapes import layer_shapes
-    from mpisparse.fusion import FusionLayout
+    from mpisparse.backend.fusion import FusionLayout
 
     layout = FusionLayout(layer_shapes(model))
     layers = split_large(two_stage_partition([s.size for s in layout.layers], w), -(-layout.n // (8 * w)))

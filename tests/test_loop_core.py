@@ -11,7 +11,7 @@ pytest.importorskip("torch")  # checkpoints are torch files
 
 from conftest import SelfComm  # noqa: E402
 from mpisparse.config import TrainConfig  # noqa: E402
-from mpisparse.timing import PhaseTimer  # noqa: E402
+from mpisparse.results.timing import PhaseTimer  # noqa: E402
 from mpisparse.train.core import Preempted, StepOutcome, TrainStep, run_loop  # noqa: E402
 
 

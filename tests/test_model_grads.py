@@ -8,13 +8,14 @@ import pytest
 
 from conftest import mpi_run
 from mpisparse.config import BenchConfig
+from mpisparse.runtimes import validate
 
 def test_gradients_model_is_checked():
     with pytest.raises(ValueError, match="--gradients model needs a --model with a trainable net; --model is "
                                          "'resnet50', allowed: resnet18"):
-        BenchConfig(model="resnet50", gradients="model").validate(2)
+        validate(BenchConfig(model="resnet50", gradients="model"), 2)
     with pytest.raises(ValueError, match="--gradients"):
-        BenchConfig(gradients="drawn").validate(2)
+        validate(BenchConfig(gradients="drawn"), 2)
 
 
 def test_gradients_model_trains_on_real_backward_passes(tmp_path):

@@ -1,4 +1,4 @@
-"""A rank's compiled loops loaded before its buffers, and LLVM's code pages unmapped (mpisparse.pages)."""
+"""A rank's compiled loops loaded before its buffers, and LLVM's code pages unmapped (mpisparse.backend.pages)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import SelfComm
-from mpisparse import pages
+from mpisparse.backend import pages
 from mpisparse.backend import compiled
-from mpisparse.fusion import FusionLayout
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.schemes import create
 
 needs_numba = pytest.mark.skipif(not compiled.available(),
@@ -121,7 +121,7 @@ sys.path.insert(0, "tests")
 import numba, numpy as np
 from conftest import SelfComm
 from mpisparse.backend import compiled, compiled_segments
-from mpisparse.fusion import FusionLayout
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.schemes import create
 def signatures():
     return {(m.__name__, k, str(s)) for m in (compiled, compiled_segments) for k, v in vars(m).items()

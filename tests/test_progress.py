@@ -2,7 +2,7 @@
 
 import io
 
-from mpisparse.progress import Progress, format_eta
+from mpisparse.results.progress import Progress, format_eta
 
 
 class Clock:

@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from mpisparse.cli import cli
-from mpisparse.fusion import FusionLayout
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.ps.algorithm import WorkerContext, ServerContext, layer_k, layerwise_topk
 from mpisparse.ps.dgs import DGSServer, DGSWorker
 from mpisparse.ps.asgd import ASGDWorker

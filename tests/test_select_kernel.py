@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from mpisparse.backend import reference
-from mpisparse.fusion import FusionLayout
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.reproduce import deft_breakdown
 from mpisparse.reproduce.base import paired_time_claim
 from mpisparse.results.build import slowest_per_step
 from mpisparse.schemes import create
-from mpisparse.timing import PhaseTimer
+from mpisparse.results.timing import PhaseTimer
 from conftest import SelfComm
 
 pytest.importorskip("torch")

@@ -7,7 +7,8 @@ import pytest
 
 from conftest import bench_step
 from mpisparse.config import BenchConfig
-from mpisparse.timing import PhaseTimer
+from mpisparse.results.timing import PhaseTimer
+from mpisparse.runtimes import validate
 
 
 def test_carve_moves_time_from_the_open_phase_to_wait():
@@ -30,13 +31,13 @@ def test_carve_moves_time_from_the_open_phase_to_wait():
 
 
 def test_separate_wait_applies_to_flat_data_parallel_schemes_only():
-    BenchConfig(scheme="deft", separate_wait=True).validate(2)
+    validate(BenchConfig(scheme="deft", separate_wait=True), 2)
     with pytest.raises(ValueError, match="--separate-wait .* not to 'cltk' with --hierarchical"):
-        BenchConfig(scheme="cltk", separate_wait=True, hierarchical=True).validate(4)
+        validate(BenchConfig(scheme="cltk", separate_wait=True, hierarchical=True), 4)
     with pytest.raises(ValueError, match=r"--separate-wait .* not to 'asgd' \(ps runtime\)"):
-        BenchConfig(scheme="asgd", separate_wait=True).validate(3)
+        validate(BenchConfig(scheme="asgd", separate_wait=True), 3)
     with pytest.raises(ValueError, match="--separate-wait"):
-        BenchConfig(scheme="topk", separate_wait="yes").validate(2)
+        validate(BenchConfig(scheme="topk", separate_wait="yes"), 2)
 
 
 def test_bench_step_times_the_wait_before_each_collective_as_its_own_phase(tmp_path):

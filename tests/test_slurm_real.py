@@ -30,7 +30,7 @@ import pytest
 
 import slurm_real
 from conftest import HERE
-from mpisparse.launch import launcher_flavor, mpi_flavor
+from mpisparse.mpi.launch import launcher_flavor, mpi_flavor
 
 ROOT = HERE.parent
 BIN = Path(sys.executable).parent

@@ -1,10 +1,10 @@
-"""The package's structure: the import graph has no cycle, nothing below the CLI imports it,
-and only :mod:`mpisparse.runtimes` asks which runtime a scheme has.
+"""The package's structure: its layers (docs/architecture.md), an import graph without a cycle,
+a small root, short modules, and only :mod:`mpisparse.runtimes` asking which runtime a scheme has.
 
 The graph is built by parsing every module with :mod:`ast` (no import
-runs): module-level and function-level imports, relative imports resolved,
+runs): module-level, function-level and ``if TYPE_CHECKING:`` imports
+(an annotation's import is an import too), relative imports resolved,
 ``from pkg import name`` pointing to the submodule when ``name`` is one.
-Imports under ``if TYPE_CHECKING:`` are annotations only and are left out.
 """
 
 from __future__ import annotations
@@ -33,18 +33,6 @@ def _is_package(name: str) -> bool:
     return MODULES[name].name == "__init__.py"
 
 
-def _type_checking_nodes(tree: ast.AST) -> set[int]:
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If):
-            test = node.test
-            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
-            if name == "TYPE_CHECKING":
-                for child in node.body:
-                    skip.update(id(n) for n in ast.walk(child))
-    return skip
-
-
 def _resolve(module: str, level: int, target: str | None) -> str:
     if level == 0:
         return target or ""
@@ -66,10 +54,7 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
     for module, path in MODULES.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        skip = _type_checking_nodes(tree)
         for node in ast.walk(tree):
-            if id(node) in skip:
-                continue
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -116,13 +101,82 @@ def test_the_graph_sees_the_imports_it_should():
     assert "mpisparse.registry" in g["mpisparse.schemes.base"]  # relative, module level
     assert "mpisparse.cli.main" in g["mpisparse.cli"]  # package __init__ to its submodule
     assert "mpisparse.schemes.cltk" not in g["mpisparse.schemes"]  # loaded by pkgutil, not an import statement
-    assert "mpisparse.runtimes" in g["mpisparse.config"]  # function level
-    assert "mpisparse.config" not in g["mpisparse.runtimes"]  # TYPE_CHECKING only
+    assert "mpisparse.torch.overlap" in g["mpisparse.torch"]  # function level
+    assert "mpisparse.config" in g["mpisparse.runtimes"]
+    assert "mpisparse.runtimes" not in g["mpisparse.config"]
+
+
+def test_the_graph_counts_type_checking_imports(tmp_path, monkeypatch):
+    """An import under ``if TYPE_CHECKING:`` is an edge: a cycle through annotations is still a cycle."""
+    pkg = tmp_path / "mpisparse"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n")
+    (pkg / "b.py").write_text("from .a import A\n")
+    monkeypatch.setattr(__import__(__name__), "PKG", pkg)
+    monkeypatch.setattr(__import__(__name__), "MODULES", _modules())
+    g = import_graph()
+    assert g["mpisparse.a"] == {"mpisparse.b"} and find_cycle(g) == ["mpisparse.a", "mpisparse.b", "mpisparse.a"]
 
 
 def test_find_cycle_reports_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+#: The layers, bottom to top (docs/architecture.md): a module imports from its own layer or a lower one.
+#: A name stands for the module and everything under it; the longest name that matches decides.
+LAYERS = [
+    ("mechanisms", ["mpisparse", "mpisparse.backend", "mpisparse.mpi", "mpisparse.results", "mpisparse.models",
+                    "mpisparse.data"]),
+    ("schemes", ["mpisparse.registry", "mpisparse.schemes"]),
+    ("configuration", ["mpisparse.config", "mpisparse.jobs"]),
+    ("library", ["mpisparse.torch"]),
+    ("runtimes", ["mpisparse.runtimes", "mpisparse.train", "mpisparse.ps", "mpisparse.mp", "mpisparse.bench",
+                  "mpisparse.reproduce"]),
+    ("front ends", ["mpisparse.cli", "mpisparse.__main__"]),
+]
+
+
+def layer_of(module: str) -> int:
+    best = (-1, -1)
+    for i, (_, names) in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and len(name) > best[1]:
+                best = (i, len(name))
+    assert best[0] >= 0, f"{module} is in no layer: add it to LAYERS and docs/architecture.md"
+    return best[0]
+
+
+def test_every_module_is_in_a_layer_and_imports_only_its_own_or_lower():
+    g = import_graph()
+    up = sorted(f"{m} ({LAYERS[layer_of(m)][0]}) imports {t} ({LAYERS[layer_of(t)][0]})"
+                for m, ts in g.items() for t in ts if layer_of(t) > layer_of(m))
+    assert not up, up
+
+
+def test_layer_of_takes_the_longest_name():
+    assert LAYERS[layer_of("mpisparse")][0] == "mechanisms"
+    assert LAYERS[layer_of("mpisparse.torch.overlap")][0] == "library"
+    assert LAYERS[layer_of("mpisparse.cli.bench")][0] == "front ends"
+    assert LAYERS[layer_of("mpisparse.schemes.memory")][0] == "schemes"
+
+
+#: the package's face (__init__, __main__) and what every layer shares
+MAX_ROOT_MODULES = 8
+MAX_LINES = 600
+
+
+def test_the_root_holds_few_modules():
+    root = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at mpisparse/: {root}; move each into its layer"
+
+
+def test_no_module_over_600_lines():
+    tools = PKG.parent / "tools"
+    long = sorted(f"{p.relative_to(PKG.parent)}: {n}" for p in [*PKG.rglob("*.py"), *tools.rglob("*.py")]
+                  if (n := len(p.read_text().splitlines())) > MAX_LINES)
+    assert not long, f"over {MAX_LINES} lines (split by concern): {long}"
 
 
 def test_the_import_graph_has_no_cycle():

@@ -75,7 +75,7 @@ def test_ddp_with_the_hook_keeps_ranks_identical_and_dense_equals_ddps_own_allre
 
 
 def test_the_hook_refuses_a_parameter_server_scheme_and_needs_an_initialised_group():
-    from mpisparse.torch_dist import TorchDistCommunicator, comm_hook
+    from mpisparse.torch.dist import TorchDistCommunicator, comm_hook
 
     with pytest.raises(ValueError, match="not a data-parallel"):
         comm_hook("dgs")

@@ -95,7 +95,7 @@ def test_sum_average_accumulation_and_join_on_two_ranks():
 
 
 def test_overlap_plan_and_refusals():
-    from mpisparse.torch_overlap import overlap_refusal, plan_buckets
+    from mpisparse.torch.overlap import overlap_refusal, plan_buckets
 
     # last layer first, each bucket at least the cap unless it is the last
     assert plan_buckets([5, 1, 1, 8], 6) == [[3], [2, 1, 0]]

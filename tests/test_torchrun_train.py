@@ -82,7 +82,7 @@ def test_torchrun_refusals_are_one_line(args, env, message, monkeypatch):
 
 
 def test_torchrun_is_detected_only_without_mpi():
-    from mpisparse.launch import under_torchrun
+    from mpisparse.mpi.launch import under_torchrun
 
     assert under_torchrun(TORCHRUN_ENV)
     assert not under_torchrun({**TORCHRUN_ENV, "PMI_RANK": "0"})
@@ -115,7 +115,7 @@ def test_a_finished_torchrun_job_ends_without_the_interpreters_teardown(argv, do
 
 
 def test_a_torchrun_workers_rank_is_torchruns_rank():
-    from mpisparse.launch import env_rank
+    from mpisparse.mpi.launch import env_rank
 
     assert env_rank({**TORCHRUN_ENV, "RANK": "1"}) == 1
     assert env_rank({"RANK": "1"}) == 0  # RANK alone is not a launcher's
@@ -128,7 +128,7 @@ def test_a_torchrun_workers_rank_is_torchruns_rank():
     (0, 1, 0, "no CUDA GPU is visible"),
 ])
 def test_torchrun_device_gives_each_worker_its_own_gpu_or_one_line(local, local_size, gpus, expect):
-    from mpisparse.device import torchrun_device
+    from mpisparse.mpi.device import torchrun_device
 
     if isinstance(expect, int):
         assert torchrun_device(local, local_size, gpus) == expect
@@ -139,7 +139,7 @@ def test_torchrun_device_gives_each_worker_its_own_gpu_or_one_line(local, local_
 
 
 def test_a_torchrun_workers_gpu_is_recorded_for_torch_device(monkeypatch):
-    from mpisparse import device
+    from mpisparse.mpi import device
 
     used = []
     monkeypatch.setattr(device, "gpu_count", lambda: 2)
@@ -156,7 +156,7 @@ def test_a_torchrun_workers_gpu_is_recorded_for_torch_device(monkeypatch):
 
 @pytest.mark.parametrize("dev, expect", [(0, "gpu a"), (1, "gpu b"), (2, "none"), (None, "none")])
 def test_a_devices_name_is_none_when_this_process_does_not_see_it(monkeypatch, dev, expect):
-    from mpisparse import device
+    from mpisparse.mpi import device
 
     monkeypatch.setattr(device, "gpu_names", lambda: ["gpu a", "gpu b"])
     assert device.gpu_name(dev) == expect

@@ -7,7 +7,8 @@ import pytest
 
 from conftest import SelfComm  # noqa: E402
 from mpisparse.results.trace import trace_events, write_trace
-from mpisparse.timing import PhaseTimer
+from mpisparse.results.timing import PhaseTimer
+from mpisparse.runtimes import validate
 
 
 def check_trace(obj, ranks, steps, phases):
@@ -114,6 +115,6 @@ def test_trace_refuses_what_it_cannot_trace():
     from mpisparse.config import BenchConfig, MPConfig, TrainConfig
 
     with pytest.raises(ValueError, match="--trace applies to the data-parallel schemes .*; scheme 'slimdp' is not one"):
-        BenchConfig(scheme="slimdp", trace="t.json").validate(3)
+        validate(BenchConfig(scheme="slimdp", trace="t.json"), 3)
     with pytest.raises(ValueError, match="--trace applies to data-parallel training; a pipeline"):
-        TrainConfig(scheme="dense", mp=MPConfig(stages=2), trace="t.json").validate(2)
+        validate(TrainConfig(scheme="dense", mp=MPConfig(stages=2), trace="t.json"), 2)

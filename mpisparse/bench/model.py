@@ -1,19 +1,19 @@
 """``mpisparse bench model``: the cost model's step time for W up to 1,024, and its validation.
 
-Tabulates :func:`mpisparse.costmodel.predict` for every scheme of the model,
+Tabulates :func:`mpisparse.bench.costmodel.predict` for every scheme of the model,
 each density and each world size; the link comes from ``--rate`` and
 ``--latency-us`` or is fitted to a ``bench exchange`` result
-(:func:`mpisparse.costmodel.fit_link`); the compute rates are measured on
-this machine when the command runs (:func:`mpisparse.costmodel.measure_rates`).
+(:func:`mpisparse.bench.costmodel.fit_link`); the compute rates are measured on
+this machine when the command runs (:func:`mpisparse.bench.costmodel.measure_rates`).
 Given ``bench step`` results (``--measured``), it also compares each
 measured step with the prediction at the same scheme, density and W
 (with ``--shared-cores``, that prediction's rates are measured with as many
 processes at once as ranks run at once, and its compute is stretched by the
-ranks' turns on the cores, :func:`mpisparse.costmodel.sharing`; the
+ranks' turns on the cores, :func:`mpisparse.bench.costmodel.sharing`; the
 tabulated predictions assume a core per rank, rates measured alone).
 A measured step of a ``bench step --floor`` job is also predicted at the
 memory speed of its own moment (:func:`floor_rate`,
-:func:`mpisparse.costmodel.loaded_rates`): on a shared machine the rates
+:func:`mpisparse.bench.costmodel.loaded_rates`): on a shared machine the rates
 and the steps are measured at different moments.
 """
 
@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import costmodel as cm
+from . import costmodel as cm
 from ..models.shapes import layer_shapes
 
 
@@ -34,12 +34,12 @@ def model_size(model: str) -> int:
 
 
 def model_gradient(model: str, rank: int = 0) -> Any:
-    """Rank ``rank``'s first synthetic gradient of ``model`` (:mod:`mpisparse.gradgen`, as ``bench step``
+    """Rank ``rank``'s first synthetic gradient of ``model`` (:mod:`mpisparse.bench.gradgen`, as ``bench step``
     draws it): a float32 vector."""
     import numpy as np
 
-    from ..fusion import FusionLayout
-    from ..gradgen import SyntheticGradients
+    from ..backend.fusion import FusionLayout
+    from .gradgen import SyntheticGradients
 
     layout = FusionLayout(layer_shapes(model))
     out = np.empty(layout.n, dtype=np.float32)
@@ -85,7 +85,7 @@ def load_measured(paths: Sequence[str]) -> list[dict[str, Any]]:
 def floor_rate(result: dict[str, Any], shared_cores: int | None) -> float | None:
     """The memory pass of a measured ``bench step --floor`` job, seconds per element of one rank among
     those running at once: the job's floor (``e += g``, every rank at once; each rank's mean, max over
-    ranks) over ``n`` and over the ranks' turns on the cores (:func:`mpisparse.costmodel.sharing`'s
+    ranks) over ``n`` and over the ranks' turns on the cores (:func:`mpisparse.bench.costmodel.sharing`'s
     ``stretch``).  None without a floor in the result."""
     floor = (result.get("floor") or {}).get("seconds")
     n = result.get("n")
@@ -100,7 +100,7 @@ COMPUTE_PHASES = ("compensate", "select", "update")
 
 def compute_and_exchange(phases: dict[str, float]) -> dict[str, float]:
     """``{"compute": ..., "exchange": ...}`` seconds of a step's phases (predicted by
-    :func:`mpisparse.costmodel.predict` or measured by ``bench step``): compensate + select + update, and
+    :func:`mpisparse.bench.costmodel.predict` or measured by ``bench step``): compensate + select + update, and
     every other phase (the exchange phases, and any wait timed apart)."""
     compute = sum(float(v) for k, v in phases.items() if k in COMPUTE_PHASES)
     return {"compute": compute, "exchange": sum(float(v) for k, v in phases.items() if k not in COMPUTE_PHASES)}
@@ -112,9 +112,9 @@ def run_model(*, model: str, densities: Sequence[float], worlds: Sequence[int], 
     """Predictions (``rates``: measured alone, a core per rank) and their validation against ``measured``.
 
     With ``shared_cores``, a measured point at W ranks is predicted with ``rates_at(p)``, the rates of ``p``
-    processes at once (``p``: :func:`mpisparse.costmodel.sharing`'s ``processes``; 1: ``rates``), each
+    processes at once (``p``: :func:`mpisparse.bench.costmodel.sharing`'s ``processes``; 1: ``rates``), each
     ``p`` measured once.  A measured point with a floor (``bench step --floor``) is also predicted with
-    the rates of its own job's moment (:func:`floor_rate`, :func:`mpisparse.costmodel.loaded_rates`):
+    the rates of its own job's moment (:func:`floor_rate`, :func:`mpisparse.bench.costmodel.loaded_rates`):
     ``floor_seconds_per_element``, ``predicted_seconds_floor``, ``error_floor`` and ``split_floor`` (its
     compute and exchange, :func:`compute_and_exchange`); a measured point with phases gets
     ``split_measured``, the same split of them."""

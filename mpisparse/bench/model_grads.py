@@ -1,6 +1,6 @@
 """Gradients from real backward passes, for ``bench step --gradients model``.
 
-Synthetic gradients (:mod:`mpisparse.gradgen`) draw how far ranks' top-k
+Synthetic gradients (:mod:`mpisparse.bench.gradgen`) draw how far ranks' top-k
 sets overlap; here each rank trains the trainable net of the same name
 (:func:`mpisparse.models.nets.build_model`: ``resnet18`` is the CIFAR-style
 ResNet-18) on its own batches of the bundled digits data (1 x 8 x 8 images,
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..config import MODEL_GRADIENT_MODELS
+
 #: shape names of ``bench step --model`` that have a trainable net of the same name
-MODEL_GRADIENT_MODELS = ("resnet18",)
 
 
 class ModelGradients:
@@ -30,7 +31,7 @@ class ModelGradients:
         import torch
 
         from ..data import load_dataset, shard_indices
-        from ..fusion import FusionLayout
+        from ..backend.fusion import FusionLayout
         from ..models.nets import build_model, needs_image
 
         if model not in MODEL_GRADIENT_MODELS:

@@ -10,7 +10,7 @@ one run:
 * ``plain``: the exchange of the whole fusion buffer after backward
   (``overlap=False``);
 * ``overlap``: buckets exchanged from gradient hooks while backward runs
-  (``overlap=True``, :mod:`mpisparse.torch_overlap`).
+  (``overlap=True``, :mod:`mpisparse.torch.overlap`).
 
 The three ways take turns step by step (a change of the machine's load
 falls on all three alike). A step is timed from a barrier to the end of

@@ -7,7 +7,7 @@ A :class:`SubRun` is one ``mpisparse`` command (``bench step``, ``train``,
 
 * shared memory / the allocation's network: ``python -m mpisparse CMD -n W
   --timeout T OPTIONS`` (``-n`` re-runs it under ``mpiexec``, see
-  :mod:`mpisparse.launch`);
+  :mod:`mpisparse.mpi.launch`);
 * the emulated cluster (:func:`emucluster_status`):
   ``bin/emucluster run W --rate R --timeout T -- mpisparse CMD OPTIONS``,
   one rank per emulated host behind a rate-limited link.

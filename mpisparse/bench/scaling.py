@@ -5,7 +5,7 @@ and density (``--densities``) it runs one job
 
     mpisparse bench step -n W --model M --scheme S1 --scheme S2 ... --density D --json DIR/M-W<W>-d<D>.json
 
-(:mod:`mpisparse.bench.runs`: ``mpiexec`` through :mod:`mpisparse.launch`,
+(:mod:`mpisparse.bench.runs`: ``mpiexec`` through :mod:`mpisparse.mpi.launch`,
 bounded by ``--timeout``; or one emulated host per rank with
 ``--emucluster RATE``), collects the per-run JSON result objects,
 prints one table (model x scheme x W x density: step time,

@@ -1,7 +1,7 @@
 """Per-rank selection time of DEFT against a whole-vector top-k (DEFT, Yoon & Oh, Fig. 9).
 
 For each model and world size ``W``, on one synthetic gradient shaped like
-the model (:class:`mpisparse.gradgen.SyntheticGradients`, rank 0, step 0):
+the model (:class:`mpisparse.bench.gradgen.SyntheticGradients`, rank 0, step 0):
 
 * ``topk_seconds``: ``backend.topk_abs`` on the whole vector, ``k = d n``
   (the selection of Top-k and CLT-k, cost ``n ln k``);
@@ -32,8 +32,8 @@ import time
 from .. import backend
 from ..backend import reference
 from ..backend.reference import check_kernel
-from ..fusion import FusionLayout
-from ..gradgen import SyntheticGradients
+from ..backend.fusion import FusionLayout
+from .gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
 from ..schemes.base import k_for, validate_density
 from ..schemes.deft import simulate_selection_times

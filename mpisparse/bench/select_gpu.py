@@ -223,9 +223,9 @@ def run_deft_select_bench_gpu(models=("resnet50", "lstm-wt2"), worlds=(1, 2, 4, 
         raise RuntimeError("no GPU/CuPy available: `bench select --backend cupy` needs CuPy and a CUDA device")
     import cupy as cp
 
-    from ..fusion import FusionLayout
-    from ..gradgen import SyntheticGradients
-    from ..layer_partition import bin_pack, my_part
+    from ..backend.fusion import FusionLayout
+    from .gradgen import SyntheticGradients
+    from ..schemes.deft_partition import bin_pack, my_part
     from ..models.shapes import layer_shapes
     from ..schemes.base import k_for
     from ..schemes.deft import deft_layers, layer_norms, local_k, simulate_selection_times

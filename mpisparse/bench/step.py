@@ -1,7 +1,7 @@
 """``mpisparse bench step``: sparsified steps on model-shaped gradients.
 
 Each rank draws synthetic gradients shaped like the real layers of a model
-(:mod:`mpisparse.gradgen`), runs ``warmup + iters`` steps of a scheme, and
+(:mod:`mpisparse.bench.gradgen`), runs ``warmup + iters`` steps of a scheme, and
 the per-phase times, bytes and density of the timed steps are reduced over
 ranks into a :class:`~mpisparse.results.RunResult`
 (:func:`mpisparse.results.build.collective_result`, shared with ``train``).
@@ -19,15 +19,16 @@ import time
 
 import numpy as np
 
-from .. import backend, device
+from .. import backend
+from ..mpi import device
 from ..config import BenchConfig
-from ..fusion import FusionLayout
-from ..gradgen import SyntheticGradients
+from ..backend.fusion import FusionLayout
+from .gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
-from ..pages import settle
+from ..backend.pages import settle
 from ..schemes import create
 from ..results.build import collective_result, current_rss_bytes, reset_peak_rss
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 
 
 class FloorPass:

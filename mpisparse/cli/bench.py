@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from ..config import DEVICES, GRADIENT_SOURCES, STEP_OUTPUTS, BenchConfig
-from ..device import check_device_usable
+from ..mpi.device import check_device_usable
 from ..models.shapes import model_names
 from ..registry import SCHEMES, validate_density
 from ..results.trace import trace_path
@@ -139,7 +139,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
 def bench_overlap(nprocs, timeout, model, schemes, density, batch, iters, warmup, bucket_cap_mb, seed, json_path,
                   **scheme_opts) -> None:
     """Step time with the exchange after backward vs overlapped with it (gradient hooks), side by side."""
-    from ..torch_overlap import overlap_refusal
+    from ..torch.overlap import overlap_refusal
 
     schemes = tuple(dict.fromkeys(schemes))
     per_scheme = pick_scheme_options(schemes, scheme_opts)
@@ -251,7 +251,7 @@ def bench_model(model, densities, worlds, rate, latency_us, exchange_json, share
     import json
     from pathlib import Path
 
-    from .. import costmodel as cm
+    from ..bench import costmodel as cm
     from ..bench import model as bm
 
     link = usage(bm.link_from_exchange, exchange_json) if exchange_json else \
@@ -430,7 +430,7 @@ def bench_scaling(worlds, densities, models, schemes, no_baseline, iters, warmup
     """
     from ..bench.runs import RunFailed, emucluster_status, scheme_option_args
     from ..bench.scaling import plan_scaling, run_scaling
-    from ..launch import under_mpi_launcher
+    from ..mpi.launch import under_mpi_launcher
 
     if under_mpi_launcher():
         raise click.UsageError("bench scaling starts its own mpiexec jobs: run it as a plain command, "

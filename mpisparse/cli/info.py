@@ -19,7 +19,7 @@ __all__ = ["info"]
 def info(nprocs, timeout, json_path, cuda_aware) -> None:
     """MPI library, world size, CUDA-awareness, library versions, GPUs."""
     maybe_relaunch(nprocs, timeout)
-    from ..info import collect_info
+    from ..mpi.info import collect_info
 
     comm = open_comm(nprocs, cuda_aware=cuda_aware, gpu=True)  # the rank -> GPU mapping is what it reports
     report = collect_info(comm)

@@ -16,7 +16,7 @@ import traceback
 import click
 
 from .. import __version__
-from ..launch import abort_job, env_rank, report_started, under_mpi_launcher, under_torchrun
+from ..mpi.launch import abort_job, env_rank, report_started, under_mpi_launcher, under_torchrun
 from . import session
 
 __all__ = ["cli", "main"]
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         _fail(1, msg)
     if session.ARGV[:1] == ["train"]:
-        from .. import signals
+        from ..mpi import signals
 
         signals.ignore_late_usr1()
     code = code if isinstance(code, int) else 0
@@ -96,7 +96,7 @@ def _one_line(e: BaseException) -> str:
 
 def _as_rank() -> None:
     """A rank: tell a ``-n`` wrapper it started, stop when the launcher goes, keep an early SIGUSR1."""
-    from .. import signals
+    from ..mpi import signals
 
     report_started()
     signals.watch_launcher()

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import click
 
 from ..registry import SCHEMES, all_options, validate_density
+from ..runtimes import validate
 
 __all__ = ["SectionOption", "SectionedCommand", "check_plot", "progress_options", "trace_option", "cuda_aware_option", "density_list", "emucluster_rate",
            "int_list", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated",
@@ -144,8 +145,8 @@ def usage(fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
 
 
 def validated(cfg: Any, world: int | None) -> Any:
-    """``cfg.validate(world)`` (a :mod:`mpisparse.config` dataclass), as a usage error when it fails."""
-    return usage(cfg.validate, world)
+    """:func:`mpisparse.runtimes.validate` of ``cfg`` (a :mod:`mpisparse.config` dataclass), as a usage error."""
+    return usage(validate, cfg, world)
 
 
 def pick_scheme_options(schemes: tuple[str, ...], given: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -22,7 +22,7 @@ __all__ = ["exchange_outputs", "finish_step", "finish_train", "info_outputs", "p
 # --------------------------------------------------------------------------- info
 def info_outputs(report: dict[str, Any], json_path: str | None) -> None:
     """``info`` (rank 0)."""
-    from ..info import format_info
+    from ..mpi.info import format_info
 
     click.echo(format_info(report))
     Fallback(report).attempt("--json", json_path, lambda: write_json(json_path, report))
@@ -53,10 +53,10 @@ def configure_progress(interval: float = 10.0, enabled: bool = True) -> None:
 
 def progress(comm, label: str):
     """``report(done, total, **fields)`` on rank 0 (None elsewhere, or with ``--no-progress``): a live bar on
-    a terminal, a status line every ``--progress-interval`` seconds off one (:class:`mpisparse.progress.Progress`)."""
+    a terminal, a status line every ``--progress-interval`` seconds off one (:class:`mpisparse.results.progress.Progress`)."""
     if comm.rank != 0 or not _PROGRESS["enabled"]:
         return None
-    from ..progress import Progress
+    from ..results.progress import Progress
 
     state: dict[str, Any] = {}
 
@@ -172,7 +172,7 @@ def train_progress(comm, label: str = "train"):
     if comm.rank != 0:
         return None
     tty = sys.stderr.isatty()
-    from ..progress import Progress
+    from ..results.progress import Progress
 
     state: dict[str, Any] = {}
 

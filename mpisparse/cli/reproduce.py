@@ -54,7 +54,7 @@ def reproduce(names, list_targets, quick, max_world, worlds, timeout, emucluster
     its own MPI jobs.
     """
     from ..bench.runs import RunFailed
-    from ..launch import under_mpi_launcher
+    from ..mpi.launch import under_mpi_launcher
     from ..reproduce.base import (Context, Report, Skip, busy_note, busy_now, claims_markdown, claims_summary,
                                   format_report, write_report_json)
     from ..reproduce.registry import TARGETS, get_target

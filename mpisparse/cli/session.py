@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import click
 
-from ..launch import LaunchError, launcher_mismatch, relaunch, under_mpi_launcher
+from ..mpi.launch import LaunchError, launcher_mismatch, relaunch, under_mpi_launcher
 
 __all__ = ["ARGV", "agree_on_config", "maybe_relaunch", "open_comm"]
 
@@ -51,7 +51,7 @@ def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None =
     communicator, before ``check`` or ``cuda_aware`` (which are part of the
     configurations) change how any collective runs: ranks that disagree on
     them fail instead of hanging.  ``hierarchical``: two-level collectives
-    (:class:`mpisparse.hierarchy.HierarchicalCommunicator`).  ``gpu``: the job
+    (:class:`mpisparse.mpi.hierarchy.HierarchicalCommunicator`).  ``gpu``: the job
     puts arrays on GPUs, so each rank's GPU is selected (by local rank)
     before anything allocates on one, and a CUDA-aware library is probed.
     Without it no CUDA call is made: a host job on a GPU node creates no CUDA
@@ -59,8 +59,8 @@ def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None =
     """
     from mpi4py import MPI
 
-    from ..comm import Communicator
-    from ..device import assign_device
+    from ..mpi.comm import Communicator
+    from ..mpi.device import assign_device
 
     mismatch = launcher_mismatch(MPI.COMM_WORLD.Get_size())
     if mismatch is not None:
@@ -74,7 +74,7 @@ def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None =
         assign_device(plain)  # GPU by local rank, before any probe allocates on one
     comm = Communicator(check=check, cuda_aware=cuda_aware, host_only=not gpu)
     if hierarchical:
-        from ..hierarchy import HierarchicalCommunicator
+        from ..mpi.hierarchy import HierarchicalCommunicator
 
         comm = HierarchicalCommunicator(comm)
     return comm
@@ -82,15 +82,15 @@ def open_comm(nprocs: int | None, check: bool = False, cuda_aware: bool | None =
 
 def open_torch_dist(device: str, configs: Sequence[Any] = ()):
     """The communicator of a ``torchrun`` job: ``torch.distributed`` (gloo on CPU; NCCL and gloo for ``--device cuda``)
-    initialised from torchrun's environment, wrapped as :class:`mpisparse.torch_dist.TorchDistCommunicator`;
+    initialised from torchrun's environment, wrapped as :class:`mpisparse.torch.dist.TorchDistCommunicator`;
     ``configs`` are compared across ranks first.  No MPI is started."""
     import torch.distributed as dist
 
-    from ..torch_dist import TorchDistCommunicator
+    from ..torch.dist import TorchDistCommunicator
 
     if not dist.is_initialized():
         if device == "cuda":
-            from ..device import assign_torchrun_device
+            from ..mpi.device import assign_torchrun_device
 
             try:
                 assign_torchrun_device()  # this worker's GPU (CuPy's and torch's current device)

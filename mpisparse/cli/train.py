@@ -12,8 +12,8 @@ from pathlib import Path
 import click
 
 from ..config import DATASETS, DEVICES, TRAIN_MODELS, MPConfig, TrainConfig
-from ..device import check_device_usable
-from ..launch import under_mpi_launcher, under_torchrun
+from ..mpi.device import check_device_usable
+from ..mpi.launch import under_mpi_launcher, under_torchrun
 from ..registry import SCHEMES
 from ..results.trace import trace_path
 from ..runtimes import check_servers, check_torchrun, schemes_of, train_runtime

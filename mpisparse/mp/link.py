@@ -38,7 +38,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 from .sparsify import ActivationSparsifier, decode, densify, encode
 
 __all__ = ["ActivationLink", "LinkStats", "TAG_DENSE", "TAG_SPARSE", "TAG_GRAD"]

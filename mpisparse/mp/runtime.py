@@ -45,7 +45,7 @@ from ..results import RunResult
 from ..results.build import timing_fields
 from ..results.provenance import gather_provenance
 from ..schemes import SCHEMES, CollectiveScheme
-from ..timing import PHASES, PhaseTimer, reduce_over_ranks
+from ..results.timing import PHASES, PhaseTimer, reduce_over_ranks
 from ..torch import DistributedOptimizer
 from ..train.core import LoopState, StepOutcome, TrainStep, mean_over_ranks, run_loop
 from .config import MPConfig
@@ -77,7 +77,7 @@ class MPTrainer(TrainStep):
 
     Parameters
     ----------
-    comm: the world :class:`~mpisparse.comm.Communicator` (``W`` ranks, a multiple of ``mp.stages``).
+    comm: the world :class:`~mpisparse.mpi.comm.Communicator` (``W`` ranks, a multiple of ``mp.stages``).
     cfg: the :class:`mpisparse.config.TrainConfig` (``scheme`` is ``dense`` or ``dct-mp``).
     mp: the :class:`~mpisparse.mp.config.MPConfig`.
     dataset: an already loaded :class:`mpisparse.data.Dataset` (loaded from ``cfg`` when None).

@@ -6,7 +6,7 @@ replica ``r div S``, so one replica's stages are consecutive ranks (on one
 node when ranks are packed by node: the activations, sent every micro-batch,
 stay local; the once-a-step gradient exchange crosses nodes).
 
-Two communicator splits (:meth:`mpisparse.comm.Communicator.split`):
+Two communicator splits (:meth:`mpisparse.mpi.comm.Communicator.split`):
 
 * the **pipeline** communicator of a replica (colour = replica, key = stage):
   ranks ``0 .. S-1`` are its stages; activations and their gradients travel

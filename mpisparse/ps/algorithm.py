@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..fusion import FusionLayout
+from ..backend.fusion import FusionLayout
 from ..registry import k_for
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 from .protocol import MODEL, PUSH, Part, ProtocolError, check_shape, decode_into, encode
 from .roles import Shard, split_by_shard
 

@@ -1,6 +1,6 @@
 """``mpisparse bench step`` with a parameter-server scheme.
 
-Workers draw the synthetic gradients of :mod:`mpisparse.gradgen` (worker
+Workers draw the synthetic gradients of :mod:`mpisparse.bench.gradgen` (worker
 ``k`` as rank ``k``) for ``warmup + iters`` minibatch steps; the model is a
 seeded random vector (``N(0, 0.05^2)``, the same on every rank, so servers
 and workers agree on ``w^0``).  Where a scheme trains locally (Plump-DP,
@@ -15,12 +15,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import BenchConfig
-from ..fusion import FusionLayout
-from ..gradgen import SyntheticGradients
+from ..backend.fusion import FusionLayout
+from ..bench.gradgen import SyntheticGradients
 from ..models.shapes import layer_shapes
 from ..registry import create
 from ..results.build import peak_rss_bytes
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 from .results import gather_ps_result
 
 BENCH_LR = 0.01

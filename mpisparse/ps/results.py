@@ -42,7 +42,7 @@ import numpy as np
 from ..results import RunResult
 from ..results.build import timing_fields
 from ..results.provenance import gather_provenance
-from ..timing import PHASES
+from ..results.timing import PHASES
 
 
 def _reduce(dicts: list[dict[str, float]]) -> dict[str, dict[str, float]]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..fusion import FusionLayout
+from ..backend.fusion import FusionLayout
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..fusion import FusionLayout
+from ..backend.fusion import FusionLayout
 from ..registry import SchemeBase, SchemeOption
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 from .algorithm import ServerAlgorithm, ServerContext, WorkerAlgorithm, WorkerContext
 from .roles import Roles, make_shards
 from .server import ServerLoop

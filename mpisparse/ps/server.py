@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 from .algorithm import ServerAlgorithm
 from .polling import Poller
 from .protocol import DONE, GET, MODEL, PUSH, PUSH_FULL, Part, ProtocolError, recv_bundle, send_bundle

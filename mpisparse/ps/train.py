@@ -43,9 +43,9 @@ import numpy as np
 import torch
 
 from ..data import iterate_batches, lm_batches
-from ..fusion import FusionLayout
+from ..backend.fusion import FusionLayout
 from ..registry import create
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 from ..train.core import LoopState, StepOutcome, run_loop
 from ..train.loop import ModelStep, evaluate, seeded_setup
 from .results import gather_ps_result

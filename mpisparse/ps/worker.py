@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 from .algorithm import WorkerAlgorithm
 from .polling import Poller
 from .protocol import DONE, GET, MODEL, Part, ProtocolError, bundle_bytes, decode_into, recv_bundle, send_bundle

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..timing import PHASES, reduce_over_ranks
+from .timing import PHASES, reduce_over_ranks
 from .provenance import provenance_block, rank_facts
 from .schema import RunResult
 
@@ -102,7 +102,7 @@ def slowest_per_step(records: Sequence[Sequence[dict[str, float]]], *,
     iteration, as the DEFT paper's Fig. 7 measures it -- reduced over the timed steps by ``over_steps``:
     ``mean`` (Fig. 7's average) or ``median`` (a typical step: one step in which the operating system
     took a rank's core away does not move it), from every rank's per-step records
-    (:attr:`mpisparse.timing.PhaseTimer.records`).  None without timed steps (or ranks that disagree on how
+    (:attr:`mpisparse.results.timing.PhaseTimer.records`).  None without timed steps (or ranks that disagree on how
     many there were).  The reference for :func:`slowest_per_step_over_ranks`, which runs it distributed."""
     _check_over_steps(over_steps)
     steps = {len(r) for r in records}
@@ -150,7 +150,7 @@ def collective_result(comm, *, scheme: str, density_target: float, timer, step_b
     ``skipped_steps``, ``metrics``).  The ``provenance`` block is gathered in
     the same ``allgather`` as the per-rank counts.  ``staging``: this rank's
     communicator staging counts per step (dicts as
-    :attr:`mpisparse.comm.Communicator.staging`, device runs only), reduced
+    :attr:`mpisparse.mpi.comm.Communicator.staging`, device runs only), reduced
     to ``staging_copies_per_step`` (mean per step, max over ranks).
     """
     timing = timing_fields(reduce_over_ranks(comm, timer.means()))

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TextIO
 
-from ..timing import PHASES
+from .timing import PHASES
 from .schema import RunResult
 
 __all__ = ["CSV_STEP_COLUMNS", "CsvLog", "Fallback", "columns_of", "json_ready", "path_problem", "result_row",

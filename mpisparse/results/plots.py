@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..timing import PHASES
+from .timing import PHASES
 from .files import json_ready
 from .schema import RunResult
 

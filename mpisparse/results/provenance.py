@@ -140,7 +140,7 @@ def _command_line(argv: list[str]) -> str:
 
 def rank_facts(comm=None) -> dict[str, Any]:
     """What this rank contributes: host name, its device, and (read by rank 0 only) the rest."""
-    from ..device import current_assignment
+    from ..mpi.device import current_assignment
 
     dev = current_assignment()
     facts: dict[str, Any] = {"host": socket.gethostname(),

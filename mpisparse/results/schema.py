@@ -62,7 +62,7 @@ class RunResult:
     ``phases``
         phase name -> mean seconds per step, max over ranks of each rank's
         mean; only the phases the run has, from the vocabulary of
-        :data:`mpisparse.timing.PHASES`.
+        :data:`mpisparse.results.timing.PHASES`.
     ``phases_mean_over_ranks``
         the same phases, mean over ranks (a stacked bar of these adds up to
         the mean rank's step).
@@ -137,7 +137,7 @@ class RunResult:
         ``--hierarchical`` runs (``bench step``): ``hosts``, ``ranks_per_host``
         (a list, one entry per host) and ``cross_host_bytes_per_step`` (the
         bytes leaving their host per timed step, all hosts together, by the
-        byte model of :mod:`mpisparse.comm`).
+        byte model of :mod:`mpisparse.mpi.comm`).
 
     Provenance (schema version 2 on)
     --------------------------------

@@ -4,7 +4,7 @@
 Perfetto (ui.perfetto.dev) and ``chrome://tracing`` open: one process per
 rank (``pid`` = rank, named ``rank R``), one complete event (``"ph": "X"``)
 per timed step (``cat`` ``step``, name ``step N``) and per phase inside it
-(``cat`` ``phase``, the phase's name from :data:`mpisparse.timing.PHASES`),
+(``cat`` ``phase``, the phase's name from :data:`mpisparse.results.timing.PHASES`),
 ``ts``/``dur`` in microseconds since the earliest event of the run.  Ranks
 on one host share its clock; across hosts the clocks are only as close as
 the hosts' time synchronisation.
@@ -46,7 +46,7 @@ def trace_events(spans_by_rank: Sequence[Sequence[tuple[str, float, float, int]]
 
 
 def write_trace(path: str | os.PathLike, comm, timer) -> None:
-    """Collective: gather every rank's spans of ``timer`` (a tracing :class:`~mpisparse.timing.PhaseTimer`);
+    """Collective: gather every rank's spans of ``timer`` (a tracing :class:`~mpisparse.results.timing.PhaseTimer`);
     rank 0 writes ``path``."""
     local = [(n, timer.wall(a), timer.wall(b), s) for n, a, b, s in (timer.spans or [])]
     everyone = comm.allgather_obj(local)

@@ -3,16 +3,16 @@
 A scheme turns each rank's gradient vector (the fusion buffer) into the
 same aggregated update on every rank.  It is built from three parts:
 
-* a **memory** (:mod:`mpisparse.memory`): error feedback around the step;
+* a **memory** (:mod:`mpisparse.schemes.memory`): error feedback around the step;
 * a **selector**: which entries this rank offers (backend kernels);
 * an **exchange**: the collective pattern that combines the ranks' offers
-  (through :class:`mpisparse.comm.Communicator`, which counts and times).
+  (through :class:`mpisparse.mpi.comm.Communicator`, which counts and times).
 
 :meth:`CollectiveScheme.step` returns the *mean* over ranks of what was sent, as a
 dense vector owned by the scheme (overwritten by the next step), or written into
 a vector the caller names (``step(grad, out=grad)``: the update replaces the
 gradient, and the scheme holds no output buffer of its own).  Phases
-are timed with the shared vocabulary of :mod:`mpisparse.timing`.  Statistics
+are timed with the shared vocabulary of :mod:`mpisparse.results.timing`.  Statistics
 that cost extra work (distinct selected indices) are computed lazily by
 :meth:`CollectiveScheme.selected_global`, outside the timed step.
 """
@@ -24,10 +24,10 @@ from typing import Any, ClassVar, NamedTuple
 import numpy as np
 
 from .. import backend
-from ..fusion import FusionLayout
-from ..memory import Memory, make_memory
+from ..backend.fusion import FusionLayout
+from .memory import Memory, make_memory
 from ..registry import SCHEMES, SchemeBase, SchemeOption, k_for, register, scheme_class, validate_density
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 
 __all__ = ["CollectiveScheme", "SCHEMES", "SELECT_KERNEL", "Scheme", "SchemeOption", "SparseGatherScheme", "k_for",
            "register", "scatter_sum", "scheme_class", "validate_density"]
@@ -129,7 +129,7 @@ class CollectiveScheme(SchemeBase):
 
     def warm_up(self) -> tuple[str, ...]:
         """Load the compiled loops a host step will call (:attr:`compiled_kernels`) on tiny arrays, so that
-        numba's loading of them (about 56 MiB; 22 of it kept after :func:`mpisparse.pages.settle`) happens
+        numba's loading of them (about 56 MiB; 22 of it kept after :func:`mpisparse.backend.pages.settle`) happens
         before the first step allocates the full-size buffers rather than on top of them.  Nothing of the
         scheme's state changes.  Returns the loops called (none on a device or with the loops off)."""
         if self.xp is not np or not self.compiled_kernels:

@@ -22,7 +22,7 @@ Algorithm 1, as run by every rank ``i`` of ``W`` at iteration ``t``
    ``m_i <- (1 - beta) m_i + beta (m_i + grad_i - g_i)``
    ``     = (1 - beta) m_i + beta (acc_i - g_i)``; ``acc_i - g_i`` is
    ``acc_i`` with the entries at ``I`` zeroed, so ``beta = 1`` is plain
-   error feedback (:class:`mpisparse.memory.ResidualMemory`)     [update]
+   error feedback (:class:`mpisparse.schemes.memory.ResidualMemory`)     [update]
 4. (l.9-12) the output is ``g = (1/W) sum_i g_i``: the summed values / W at
    ``I``, zero elsewhere; the caller applies ``theta -= alpha g``.
 
@@ -76,7 +76,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import reference
-from ..memory import Memory, NoMemory, accumulate, restored, saved
+from .memory import Memory, NoMemory, accumulate, restored, saved
 from .base import SELECT_KERNEL, Scheme, SchemeOption, register
 
 
@@ -221,7 +221,7 @@ class LowPassMemory(Memory):
     CLT-k operator); ``update(acc, sent)`` sets
     ``m <- (1 - beta) m + beta (acc - g)`` with ``g`` = ``acc`` on ``sent``.
     ``residual`` is the memory ``m``.  With ``beta = 1`` it works in place
-    like :class:`~mpisparse.memory.ResidualMemory` (``acc`` *is* ``m``);
+    like :class:`~mpisparse.schemes.memory.ResidualMemory` (``acc`` *is* ``m``);
     with ``beta < 1`` a second buffer holds ``acc``, and after ``update``
     it holds the residual ``acc - g``.
     """

@@ -2,7 +2,7 @@
 
 Source: D. Yoon and S. Oh, "DEFT: Exploiting Gradient Norm Difference between
 Model Layers for Scalable Gradient Sparsification", ICPP 2023.  The
-partitioning math is in :mod:`mpisparse.layer_partition` (pure functions, one
+partitioning math is in :mod:`mpisparse.schemes.deft_partition` (pure functions, one
 per pseudocode box); this module wires it into Alg. 1 and adds the fast
 selection of Alg. 5.
 
@@ -109,19 +109,8 @@ import numpy as np
 
 from .. import backend
 from ..backend import compiled_segments, numpy_kernels, reference
-from ..layer_partition import (
-    Layer,
-    assign_local_k,
-    bin_pack,
-    decode_bins,
-    encode_bins,
-    leader,
-    my_part,
-    predicted_speedup,
-    selection_cost,
-    split_large,
-    two_stage_partition,
-)
+from .deft_partition import (Layer, assign_local_k, bin_pack, decode_bins, encode_bins, leader, my_part,
+                             predicted_speedup, selection_cost, split_large, two_stage_partition)
 from .base import SELECT_KERNEL, Scheme, k_for, register, validate_density
 
 #: Cost model of the leader's bin packing (Alg. 4 l.6-8): ``"size"``, one
@@ -146,7 +135,7 @@ __all__ = ["Deft", "deft_layers", "layer_norms", "local_k", "select_layers",
 
 #: Granularity of the bin packing: for ``W > 1`` workers, every layer Alg. 2
 #: leaves larger than ``n / (PACK_PIECES * W)`` is cut further
-#: (:func:`mpisparse.layer_partition.split_large`), so one layer can exceed
+#: (:func:`mpisparse.schemes.deft_partition.split_large`), so one layer can exceed
 #: a bin's ideal load by at most ``1 / PACK_PIECES``.
 PACK_PIECES = 8
 
@@ -191,7 +180,7 @@ def layer_norms(vec, layers: Sequence[Layer], spans=None) -> np.ndarray:
 
 
 def local_k(sizes: Sequence[int], norms: Sequence[float], k_total: int) -> np.ndarray:
-    """Alg. 3 (:func:`mpisparse.layer_partition.assign_local_k`), with density 1 exact.
+    """Alg. 3 (:func:`mpisparse.schemes.deft_partition.assign_local_k`), with density 1 exact.
 
     When ``k_total`` reaches the number of gradients every layer keeps all of
     its entries (``k_x = n_x``); otherwise this is Alg. 3 unchanged.
@@ -206,7 +195,7 @@ def select_layers(vec, layers: Sequence[Layer], ks: Sequence[int], part: Sequenc
                   scratch=None, spans=None, kernel: str = "native"):
     """Alg. 5: top-``ks[x]`` by magnitude in each layer ``x`` of ``part``.
 
-    The fast counterpart of :func:`mpisparse.layer_partition.layerwise_topk`:
+    The fast counterpart of :func:`mpisparse.schemes.deft_partition.layerwise_topk`:
     all of ``part``'s layers in one :func:`mpisparse.backend.segment_topk_abs`
     call (no per-layer loop; indices in any order within a layer).  Returns
     the flat indices of ``vec`` (``backend.index_dtype(vec.size)``), layer by

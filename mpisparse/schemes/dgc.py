@@ -83,7 +83,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import numpy_kernels as nk
-from ..memory import Memory, accumulate, restored, saved
+from .memory import Memory, accumulate, restored, saved
 from .base import SchemeOption, SparseGatherScheme, k_for, register, scatter_sum
 
 #: More than ``UPPER * k`` candidates: take the exact top k of the candidates.

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..results.build import current_rss_bytes
-from ..signals import early_usr1
+from ..mpi.signals import early_usr1
 
 __all__ = ["LoopState", "NoProgress", "Preempted", "StepOutcome", "TrainStep", "epoch_line", "mean_over_ranks",
            "run_loop"]

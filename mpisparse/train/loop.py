@@ -7,7 +7,7 @@ what one batch does; the loop itself (epochs, logging, evaluation per
 epoch on the sharded test set, checkpoints) is :mod:`mpisparse.train.core`.
 
 Device: with ``--device cuda`` the model and every batch live on this
-rank's GPU (:func:`mpisparse.device.torch_device`) and the optimizer's
+rank's GPU (:func:`mpisparse.mpi.device.torch_device`) and the optimizer's
 step stays there (see :mod:`mpisparse.torch`); the communicator's staging
 copies per step are reported (``staging_copies_per_step``); the phase
 timer synchronises the device at every boundary, so a phase's time holds
@@ -28,13 +28,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import device
+from ..mpi import device
 from ..data import iterate_batches, lm_batches, load_dataset, shard_indices
 from ..models.nets import build_model, is_lm, needs_image
 from ..schemes import SCHEMES
 from ..config import TrainConfig
 from ..results.build import collective_result
-from ..timing import PhaseTimer
+from ..results.timing import PhaseTimer
 from ..torch import DistributedOptimizer
 from .core import LoopState, Preempted, StepOutcome, TrainStep, mean_over_ranks, run_loop
 

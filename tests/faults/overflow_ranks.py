@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from mpisparse.comm import Communicator
+from mpisparse.mpi.comm import Communicator
 from mpisparse.schemes import SCHEMES, CollectiveScheme
 from mpisparse.torch import DistributedOptimizer
 

@@ -159,7 +159,7 @@ def test_resume_of_a_different_run_fails_naming_the_fields(ck, change, fields):
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
 def test_every_rank_refuses_a_different_run(ck):
-    from mpisparse.launch import build_mpiexec_command, find_mpiexec, has_remote_shell, launcher_flavor
+    from mpisparse.mpi.launch import build_mpiexec_command, find_mpiexec, has_remote_shell, launcher_flavor
 
     mpiexec = find_mpiexec()
     plan = build_mpiexec_command(1, [], mpiexec=mpiexec, flavor=launcher_flavor(mpiexec),

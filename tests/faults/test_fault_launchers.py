@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mpisparse.launch import launcher_mismatch, mpi_flavor
+from mpisparse.mpi.launch import launcher_mismatch, mpi_flavor
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ["train", "--model", "mlp", "--data", "synthetic", "--epochs", "1"]
@@ -79,7 +79,7 @@ def _other_mpiexec() -> str | None:
     exe = os.environ.get("MPISPARSE_TEST_OTHER_MPIEXEC")
     if not exe or not Path(exe).exists():
         return None
-    from mpisparse.launch import launcher_flavor
+    from mpisparse.mpi.launch import launcher_flavor
 
     return exe if launcher_flavor(exe) != mpi_flavor() else None
 
@@ -88,7 +88,7 @@ def test_a_foreign_mpiexec_gives_errors_not_w_lonely_runs():
     exe = _other_mpiexec()
     if exe is None:
         pytest.skip("set MPISPARSE_TEST_OTHER_MPIEXEC to the mpiexec of another MPI than mpi4py's")
-    from mpisparse.launch import build_mpiexec_command, launcher_flavor
+    from mpisparse.mpi.launch import build_mpiexec_command, launcher_flavor
 
     plan = build_mpiexec_command(2, [], mpiexec=exe, flavor=launcher_flavor(exe), as_root=os.geteuid() == 0,
                                  timeout=60, remote_shell=False)

@@ -22,15 +22,16 @@ pytest.importorskip("torch")
 
 from conftest import SelfComm  # noqa: E402
 from mpisparse.config import TrainConfig  # noqa: E402
-from mpisparse.timing import PhaseTimer  # noqa: E402
+from mpisparse.results.timing import PhaseTimer  # noqa: E402
 from mpisparse.train.core import NoProgress, StepOutcome, TrainStep, run_loop  # noqa: E402
+from mpisparse.runtimes import validate
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 
 def _mpiexec(n: int, timeout: int) -> tuple[list[str], dict[str, str]]:
-    from mpisparse.launch import build_mpiexec_command, find_mpiexec, has_remote_shell, launcher_flavor
+    from mpisparse.mpi.launch import build_mpiexec_command, find_mpiexec, has_remote_shell, launcher_flavor
 
     mpiexec = find_mpiexec()
     plan = build_mpiexec_command(n, [], mpiexec=mpiexec, flavor=launcher_flavor(mpiexec),
@@ -86,7 +87,7 @@ def test_max_skipped_steps_option_range():
     res = CliRunner().invoke(cli, ["train", "--max-skipped-steps", "-1"])
     assert res.exit_code == 2 and "--max-skipped-steps" in res.output
     with pytest.raises(ValueError, match="--max-skipped-steps is -1; allowed range is an integer >= 0"):
-        TrainConfig(max_skipped_steps=-1).validate()
+        validate(TrainConfig(max_skipped_steps=-1))
 
 
 # --------------------------------------------------------------------------- the loop core's count

@@ -88,7 +88,7 @@ def test_sigusr1_checkpoints_exits_0_and_the_checkpoint_resumes(tmp_path):
         kill_job(again.id)
 
 
-WATCHER = ("import sys, time; from mpisparse.signals import watch_launcher; "
+WATCHER = ("import sys, time; from mpisparse.mpi.signals import watch_launcher; "
            "watch_launcher(); time.sleep(float(sys.argv[1])); print('outlived')")
 
 
@@ -101,7 +101,7 @@ def _watched(token: str, seconds: float):
 
 
 def test_a_rank_ends_itself_when_the_wrapper_is_gone():
-    from mpisparse.signals import _start_time
+    from mpisparse.mpi.signals import _start_time
 
     wrapper = subprocess.Popen(["sleep", "60"])
     try:

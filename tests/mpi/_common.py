@@ -21,9 +21,9 @@ from typing import Callable, Iterable
 import numpy as np
 
 from mpisparse import backend
-from mpisparse.comm import Communicator
-from mpisparse.fusion import FusionLayout
-from mpisparse.gradgen import SyntheticGradients
+from mpisparse.mpi.comm import Communicator
+from mpisparse.backend.fusion import FusionLayout
+from mpisparse.bench.gradgen import SyntheticGradients
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the fake device array
 from fakedevice import FakeDeviceArray  # noqa: E402

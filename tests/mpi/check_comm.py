@@ -3,7 +3,7 @@
 import numpy as np
 from _common import FakeDeviceArray, recorded_syncs
 
-from mpisparse.comm import CollectiveMismatch, Communicator, UnsupportedDtype
+from mpisparse.mpi.comm import CollectiveMismatch, Communicator, UnsupportedDtype
 
 comm = Communicator()
 W, rank = comm.size, comm.rank

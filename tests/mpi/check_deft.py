@@ -9,7 +9,7 @@ and the bytes of the pattern (Bcast of the bins, under the eq3 cost model only
 union).  Then density 1
 against dense, no memory, diagnostics and state.
 
-The reference uses mpisparse.layer_partition's transcriptions of the boxes for
+The reference uses mpisparse.schemes.deft_partition's transcriptions of the boxes for
 Alg. 2-4 (tested against the boxes in tests/test_layer_partition.py), its argsort
 reference ``layerwise_topk`` for Alg. 5, and plain NumPy for the rest.
 """
@@ -18,8 +18,8 @@ import numpy as np
 from _common import RankWorld, close
 
 from mpisparse.backend import compiled
-from mpisparse.layer_partition import (assign_local_k, bin_pack, encode_bins, layerwise_topk, split_large,
-                                      two_stage_partition)
+from mpisparse.schemes.deft_partition import (assign_local_k, bin_pack, encode_bins, layerwise_topk, split_large,
+                                              two_stage_partition)
 from mpisparse.schemes.deft import PACK_COST, PACK_LAYER_OVERHEAD, deft_layers
 from mpisparse.schemes import create, k_for
 

@@ -13,8 +13,8 @@ import numpy as np
 from _common import FakeDeviceArray, recorded_syncs
 from mpi4py import MPI  # the test drives decide_cuda_aware_how with a raw communicator
 
-from mpisparse import device
-from mpisparse.comm import Communicator, decide_cuda_aware_how
+from mpisparse.mpi import device
+from mpisparse.mpi.comm import Communicator, decide_cuda_aware_how
 
 comm = Communicator(cuda_aware=False)
 W, rank = comm.size, comm.rank

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 
 from _common import RankWorld
-from mpisparse.hierarchy import HierarchicalCommunicator
+from mpisparse.mpi.hierarchy import HierarchicalCommunicator
 from mpisparse.registry import SCHEMES
 from mpisparse.schemes import create
 

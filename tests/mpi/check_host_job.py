@@ -6,7 +6,7 @@ create one.  Here the device module's CUDA entry points are replaced by
 recorders that fail.
 """
 
-from mpisparse import device
+from mpisparse.mpi import device
 from mpisparse.cli.session import open_comm
 
 calls = []

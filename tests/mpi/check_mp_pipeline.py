@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpisparse.comm import Communicator
+from mpisparse.mpi.comm import Communicator
 from mpisparse.data import load_dataset
 from mpisparse.models.nets import build_model
 from mpisparse.config import MPConfig, TrainConfig

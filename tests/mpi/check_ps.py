@@ -28,12 +28,12 @@ import sys
 
 import numpy as np
 
-from mpisparse.comm import Communicator
-from mpisparse.fusion import FusionLayout
+from mpisparse.mpi.comm import Communicator
+from mpisparse.backend.fusion import FusionLayout
 from mpisparse.ps.algorithm import layer_k
 from mpisparse.ps.slimdp import bytes_per_direction, comm_set_sizes, complement, sample_explorer, select_core
 from mpisparse.schemes import create
-from mpisparse.timing import PhaseTimer
+from mpisparse.results.timing import PhaseTimer
 
 LAYERS = [("a.weight", (40, 25)), ("a.bias", (25,)), ("b.weight", (25, 12)), ("b.bias", (12,)), ("c", (300,))]
 SEED = 3

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from mpisparse.comm import Communicator
+from mpisparse.mpi.comm import Communicator
 
 comm = Communicator()
 rank = comm.rank

@@ -1,10 +1,10 @@
-"""Horovod-style functions of mpisparse.torch_api on every rank, against values computed from all ranks' inputs."""
+"""Horovod-style functions of mpisparse.torch.api on every rank, against values computed from all ranks' inputs."""
 
 import sys
 
 import torch
 
-import mpisparse.torch_api as hvd
+import mpisparse.torch.api as hvd
 
 hvd.init()
 r, W = hvd.rank(), hvd.size()

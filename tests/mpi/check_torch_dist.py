@@ -16,8 +16,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from mpisparse.fusion import FusionLayout  # noqa: E402
-from mpisparse.gradgen import SyntheticGradients  # noqa: E402
+from mpisparse.backend.fusion import FusionLayout  # noqa: E402
+from mpisparse.bench.gradgen import SyntheticGradients  # noqa: E402
 from mpisparse.schemes import create  # noqa: E402
 
 SCHEMES = ["dense", "topk", "randomk", "threshold", "cltk", "deft", "dct", "gtopk", "dgc"]
@@ -43,7 +43,7 @@ def ddp(out: dict) -> None:
     import torch
     import torch.distributed as dist
 
-    from mpisparse.torch_dist import comm_hook
+    from mpisparse.torch.dist import comm_hook
 
     rank = dist.get_rank()
     for scheme in ("dense", "topk", "deft", "builtin"):
@@ -73,13 +73,13 @@ def ddp(out: dict) -> None:
 def main() -> None:
     transport, path = sys.argv[1], sys.argv[2]
     if transport == "mpi":
-        from mpisparse.comm import Communicator
+        from mpisparse.mpi.comm import Communicator
 
         comm = Communicator()
     else:
         import torch.distributed as dist
 
-        from mpisparse.torch_dist import TorchDistCommunicator
+        from mpisparse.torch.dist import TorchDistCommunicator
 
         dist.init_process_group("gloo")
         comm = TorchDistCommunicator()

@@ -27,7 +27,7 @@ if "--cuda" in sys.argv:
     torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
     DEVICE = torch.device("cuda", torch.cuda.current_device())
 
-SETTLED = []  # the schemes each optimizer loaded its compiled loops for (mpisparse.pages.settle)
+SETTLED = []  # the schemes each optimizer loaded its compiled loops for (mpisparse.backend.pages.settle)
 _settle = hvd.settle
 hvd.settle = lambda *schemes: (SETTLED.append(schemes), _settle(*schemes))[1]
 

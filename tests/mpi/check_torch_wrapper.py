@@ -10,7 +10,7 @@ is injected into one rank's gradient: every rank must skip that step.
 import numpy as np
 import torch
 
-from mpisparse.comm import Communicator
+from mpisparse.mpi.comm import Communicator
 from mpisparse.torch import DistributedOptimizer
 
 comm = Communicator()

@@ -46,12 +46,14 @@ from gpu_emu import strictcupy  # noqa: E402
 
 cupy = strictcupy.install_globally(os.environ.get("MPISPARSE_DEVICE_PATH_KERNELS", "host"))
 
-from mpisparse import backend, device, runtimes  # noqa: E402
+from mpisparse import backend, runtimes
+from mpisparse.mpi import device  # noqa: E402
 from mpisparse.backend import numpy_kernels as nk  # noqa: E402
-from mpisparse.comm import Communicator  # noqa: E402
+from mpisparse.mpi.comm import Communicator  # noqa: E402
 from mpisparse.config import BenchConfig, TrainConfig  # noqa: E402
 from mpisparse.schemes.base import CollectiveScheme  # noqa: E402
 from mpisparse.torch import _DistributedMixin as DistributedOptimizer  # noqa: E402  (the class with step())
+from mpisparse.runtimes import validate
 
 #: every data-parallel scheme (and topk's layer-wise variant) with the options of this check;
 #: dgc samples its whole vector so its threshold estimate is exact on both paths (the GPU kernel samples
@@ -115,13 +117,13 @@ def run(what: str, key: str, mode: str, W: int):
     try:
         if what == "bench":
             CollectiveScheme.step = _counted(_scheme_step, outputs=True)
-            cfg = BenchConfig(model="ncf", scheme=name, density=0.01, iters=3, warmup=0, seed=3,
-                              scheme_options=dict(opts), device=dev).validate(W)
+            cfg = validate(BenchConfig(model="ncf", scheme=name, density=0.01, iters=3, warmup=0, seed=3,
+                              scheme_options=dict(opts), device=dev), W)
             res = runtimes.bench_step(comm, cfg)
         else:
             DistributedOptimizer.step = _counted(_dopt_step, outputs=False)
-            cfg = TrainConfig(model="mlp", data="digits", scheme=name, density=0.05, epochs=1, batch_size=256,
-                              lr=0.1, seed=1, scheme_options=dict(opts), device=dev).validate(W)
+            cfg = validate(TrainConfig(model="mlp", data="digits", scheme=name, density=0.05, epochs=1, batch_size=256,
+                              lr=0.1, seed=1, scheme_options=dict(opts), device=dev), W)
             res = runtimes.train(comm, cfg, step_log=lambda r: losses.append(float(r["loss"])))
     finally:
         CollectiveScheme.step = _scheme_step

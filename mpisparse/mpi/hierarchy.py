@@ -1,6 +1,6 @@
 """Hierarchical exchange: combine within a host first, cross hosts once per host.
 
-:class:`HierarchicalCommunicator` is a :class:`mpisparse.comm.Communicator`
+:class:`HierarchicalCommunicator` is a :class:`mpisparse.mpi.comm.Communicator`
 whose three collectives the schemes exchange with -- ``allreduce``,
 ``bcast`` and ``allgatherv`` (with ``allgather_counts``) -- run in two
 levels:
@@ -45,7 +45,7 @@ import os
 
 import numpy as np
 
-from . import backend
+from .. import backend
 from .comm import Communicator, check_dtype, dtype_name
 
 #: environment variable: group ranks into emulated hosts of this many consecutive ranks

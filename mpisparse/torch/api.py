@@ -2,7 +2,7 @@
 
 The calls a Horovod PyTorch script makes around its optimizer, with
 Horovod's names and arguments, on one process-wide
-:class:`mpisparse.comm.Communicator` (``COMM_WORLD``)::
+:class:`mpisparse.mpi.comm.Communicator` (``COMM_WORLD``)::
 
     hvd.init()
     torch.manual_seed(hvd.rank())
@@ -40,12 +40,12 @@ _comm = None
 
 
 def init(comm=None) -> None:
-    """Start (or adopt ``comm``, a :class:`mpisparse.comm.Communicator`) the process-wide communicator."""
+    """Start (or adopt ``comm``, a :class:`mpisparse.mpi.comm.Communicator`) the process-wide communicator."""
     global _comm
     with _lock:
         if _comm is None or comm is not None:
             if comm is None:
-                from .comm import Communicator
+                from ..mpi.comm import Communicator
 
                 comm = Communicator()
             _comm = comm

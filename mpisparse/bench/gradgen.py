@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .fusion import FusionLayout
+from ..backend.fusion import FusionLayout
 
 #: least values in the pool (4 MiB of float32) when the vector is longer: variety for models of small layers
 POOL_MIN = 1 << 20

@@ -19,7 +19,7 @@ Every scheme exchanges data through a :class:`Communicator`, which
   and host-to-device copies and bytes), so a run reports what went through
   host memory;
 * finds the ranks of one host (:meth:`Communicator.split_shared`,
-  :meth:`Communicator.local_rank`), which pick their GPU (:mod:`mpisparse.device`);
+  :meth:`Communicator.local_rank`), which pick their GPU (:mod:`mpisparse.mpi.device`);
 * in debug mode (``check=True``, the CLI's ``--check-collectives``) first
   compares every collective's counts and dtypes across ranks and raises
   :class:`CollectiveMismatch` on *every* rank, naming both sides, instead of
@@ -48,7 +48,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from . import backend
+from .. import backend
 
 # dtype kinds that MPI reductions handle correctly (float16 sums included).
 _REDUCIBLE_KINDS = "fiub"
@@ -114,7 +114,7 @@ def decide_cuda_aware_how(override: bool | None = None, mpi_comm=None, *, librar
     the MPI library is asked (``MPIX_Query_cuda_support``): a library that
     says no, or cannot say, gets host staging (handing it a device pointer
     could crash).  A library that says yes is checked at run time when every
-    rank of ``mpi_comm`` has CuPy and a GPU: :func:`mpisparse.device.probe_cuda_aware`
+    rank of ``mpi_comm`` has CuPy and a GPU: :func:`mpisparse.mpi.device.probe_cuda_aware`
     sends device buffers through it and compares (collective on ``mpi_comm``;
     ``have_gpu`` and ``probe`` can be injected for tests).
     """
@@ -177,7 +177,7 @@ class Communicator:
         # Open MPI's non-blocking operations must never see a device buffer
         self.open_mpi = "Open MPI" in MPI.Get_library_version()
         self._local: tuple[int, int] | None = None
-        #: ``bench step --separate-wait``: a :class:`mpisparse.timing.PhaseTimer`; every collective first
+        #: ``bench step --separate-wait``: a :class:`mpisparse.results.timing.PhaseTimer`; every collective first
         #: waits for all ranks at a barrier, and that wait moves from the caller's phase to ``wait``, so
         #: the exchange phases hold the transfer alone (None: no barrier)
         self.wait_timer = None

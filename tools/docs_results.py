@@ -1145,7 +1145,7 @@ def header(table: Table, *, quick: bool, commit: str, date: str, machine: dict[s
                      f"torch {machine.get('torch', '?')}"),
         ("took", f"{seconds:.0f} s"),
     ]
-    lines = [f"{GENERATED_MARK} --only {table.name}; edit mpisparse/docs_results.py, not this file -->",
+    lines = [f"{GENERATED_MARK} --only {table.name}; edit tools/docs_results.py, not this file -->",
              f"# {table.title}", "", table.about, "", "| provenance | |", "| --- | --- |"]
     lines += [f"| {k} | {_cell(v)} |" for k, v in rows]
     lines += ["", "Commands (`OUT` is the output directory):", "", "```console"]

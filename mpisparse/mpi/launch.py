@@ -189,7 +189,7 @@ def relaunch(n: int, args: Sequence[str], *, timeout: int | None = None) -> int:
     """Run ``mpisparse ARGS`` under ``mpiexec -n n``; returns its exit code.
 
     Signals to this process are passed on to the job (see
-    :mod:`mpisparse.signals`).  A launch that exits 0 although no rank of
+    :mod:`mpisparse.mpi.signals`).  A launch that exits 0 although no rank of
     this job started (``MPISPARSE_MPIEXEC=/bin/true``, a launcher that
     ignored the command) raises :class:`LaunchError`: never a silent 0.
     """

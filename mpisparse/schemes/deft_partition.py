@@ -46,7 +46,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .backend import index_dtype
+from ..backend import index_dtype
 
 __all__ = [
     "Layer",

@@ -39,10 +39,10 @@ from typing import Any
 
 import torch
 
-from . import backend
-from .fusion import FusionLayout
-from .registry import create, scheme_class
-from .timing import PhaseTimer
+from .. import backend
+from ..backend.fusion import FusionLayout
+from ..registry import create, scheme_class
+from ..results.timing import PhaseTimer
 
 
 def overlap_refusal(scheme: str, options: dict[str, Any]) -> str | None:
@@ -106,7 +106,7 @@ class BucketExchange:
         mpi_comm = getattr(owner.comm, "comm", None)
         if mpi_comm is None or not hasattr(mpi_comm, "Dup"):
             raise ValueError("overlap=True needs a plain Communicator (not a hierarchical one)")
-        from .comm import Communicator
+        from ..mpi.comm import Communicator
 
         self.owner = owner
         self.comm = Communicator(mpi_comm.Dup(), check=owner.comm.check, cuda_aware=owner.comm.cuda_aware)

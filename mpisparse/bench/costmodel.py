@@ -164,7 +164,7 @@ def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: 
         frac = min(1.0, imbalance / W)
         comp = {"compensate": stream * n * (1 - frac) + rates.segmented * n * frac, "select": rates.pick * k * frac,
                 "update": rates.scatter * k}
-        from .schemes.deft import PACK_COST  # "size": every rank packs the same bins once, no Bcast
+        from ..schemes.deft import PACK_COST  # "size": every rank packs the same bins once, no Bcast
         comm = ((lg * a if PACK_COST == "eq3" else 0.0)  # the leader's bins (an int32 per layer: a short Bcast)
                 + 2 * lg * a + (W - 1) / W * k * _INDEX_BYTES * b  # counts, then the indices (Allgatherv)
                 + 2 * lg * a + 2 * (W - 1) / W * k * _VALUE_BYTES * b)  # the values (Allreduce)
@@ -360,11 +360,11 @@ def _kernel_times(n: int, density: float, dense_density: float, repeats: int, gr
     """``(start, end, calls)`` of each repetition of each kernel (:func:`measure_rates`;
     ``time.perf_counter``, one clock for all processes on Linux), each started after ``start()``: one call,
     or (``window`` > 0) as many calls as fill ``window`` seconds.  Works on its own copies of the vectors."""
-    from . import backend
-    from .backend import compiled_segments
-    from .backend import fused as fused_mod
-    from .backend import numpy_kernels as nk
-    from .schemes.gtopk import merge_topk
+    from .. import backend
+    from ..backend import compiled_segments
+    from ..backend import fused as fused_mod
+    from ..backend import numpy_kernels as nk
+    from ..schemes.gtopk import merge_topk
 
     rng = np.random.default_rng(0)
     if grad is not None:

@@ -251,7 +251,7 @@ def machine() -> dict[str, Any]:
 
 
 def _mpiexec() -> str:
-    from .launch import find_mpiexec
+    from ..mpi.launch import find_mpiexec
 
     try:
         return find_mpiexec()

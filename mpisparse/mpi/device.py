@@ -3,7 +3,7 @@
 Device per rank
 ---------------
 The ranks that share a host are found with a shared-memory split of the
-communicator (``MPI.COMM_TYPE_SHARED``, :meth:`mpisparse.comm.Communicator.split_shared`);
+communicator (``MPI.COMM_TYPE_SHARED``, :meth:`mpisparse.mpi.comm.Communicator.split_shared`);
 a rank's position among them is its *local rank*.  :func:`pick_device`:
 
 1. no device visible: ``None`` (the rank runs on the CPU);
@@ -29,7 +29,7 @@ Allreduce of the verdicts, minimum), so either all ranks use device
 buffers directly or all stage through pinned host memory.  The array
 operations come from an ``ops`` object (CuPy by default), so the logic runs
 on a CPU-only machine with a fake device array.  Only a library that says
-yes is probed (see :func:`mpisparse.comm.decide_cuda_aware_how`): a device
+yes is probed (see :func:`mpisparse.mpi.comm.decide_cuda_aware_how`): a device
 pointer given to an MPI without CUDA support can crash the process.
 """
 
@@ -200,7 +200,7 @@ class CupyOps:
 def probe_cuda_aware(comm, *, ops=None, n: int = 4099) -> bool:
     """Whether device buffers handed to MPI arrive intact on every rank (collective).
 
-    ``comm`` is a :class:`mpisparse.comm.Communicator` that hands device
+    ``comm`` is a :class:`mpisparse.mpi.comm.Communicator` that hands device
     buffers to MPI directly (``cuda_aware=True``).  Steps:
 
     1. Allreduce (sum) of ``x_i = rank + 1 + i`` (int32, ``n`` elements,
@@ -297,7 +297,7 @@ def array_module_for(device: str, comm=None):
 
 
 def synchronizer(xp):
-    """What a :class:`~mpisparse.timing.PhaseTimer` calls at each boundary for work on array module ``xp``:
+    """What a :class:`~mpisparse.results.timing.PhaseTimer` calls at each boundary for work on array module ``xp``:
     None on the host (NumPy runs synchronously); for CuPy, the current stream's ``synchronize``, so a phase
     times its kernels and not only their launches (the one place that decides it)."""
     if getattr(xp, "__name__", "") != "cupy":

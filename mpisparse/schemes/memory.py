@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import backend
+from .. import backend
 
 
 def accumulate(buf, grad):

@@ -19,7 +19,7 @@ bucket.  DDP rebuilds its buckets once after the first iteration; a bucket
 whose layout changed gets a fresh scheme (its residual restarts from zero).
 
 The schemes talk to :class:`TorchDistCommunicator`, which offers the
-subset of :class:`mpisparse.comm.Communicator` the data-parallel schemes use
+subset of :class:`mpisparse.mpi.comm.Communicator` the data-parallel schemes use
 (collectives, blocking point-to-point, byte counting with the same model)
 over ``torch.distributed``: gloo for CPU tensors, NCCL for CUDA tensors
 (``mpisparse train --device cuda`` under torchrun starts both, ``cpu:gloo,cuda:nccl``;
@@ -36,9 +36,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import backend
-from .comm import CallStats, Communicator, check_dtype
-from .fusion import FusionLayout
+from .. import backend
+from ..mpi.comm import CallStats, Communicator, check_dtype
+from ..backend.fusion import FusionLayout
 
 __all__ = ["HookState", "TorchDistCommunicator", "comm_hook"]
 
@@ -55,7 +55,7 @@ def _tensor(x) -> torch.Tensor:
 class TorchDistCommunicator:
     """The data-parallel schemes' communicator interface over a ``torch.distributed`` process group.
 
-    Bytes are counted with the same model as :class:`mpisparse.comm.Communicator`
+    Bytes are counted with the same model as :class:`mpisparse.mpi.comm.Communicator`
     (ring Allreduce and Allgather, chain broadcast), so results compare with
     MPI runs.  Every call is timed.
     """
@@ -195,7 +195,7 @@ class HookState:
 
     def __init__(self, scheme: str, density: float, *, memory: bool = True, seed: int = 0, group: Any = None,
                  **options: Any):
-        from .registry import scheme_class
+        from ..registry import scheme_class
 
         cls = scheme_class(scheme)  # an unknown name fails here, before training starts
         if getattr(cls, "runtime", None) != "collective":
@@ -216,7 +216,7 @@ class HookState:
 
     def scheme_for(self, index: int, layout: FusionLayout):
         """The scheme of bucket ``index`` (a new one when the bucket's layout changed)."""
-        from .schemes import create
+        from ..schemes import create
 
         sch = self.schemes.get(index)
         if sch is None or [(s.name, s.shape) for s in sch.layout.layers] != [(s.name, s.shape)

@@ -55,18 +55,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import backend
-from .comm import Communicator
-from .fusion import FusionLayout
-from .pages import settle
-from .schemes import create
-from .timing import PhaseTimer
+from .. import backend
+from ..mpi.comm import Communicator
+from ..backend.fusion import FusionLayout
+from ..backend.pages import settle
+from ..schemes import create
+from ..results.timing import PhaseTimer
 
 
-from .torch_api import (Average, Compression, Max, Min, Sum, allgather, allgather_object,  # noqa: E402
-                        allreduce, broadcast, broadcast_, broadcast_object, broadcast_optimizer_state,
-                        broadcast_parameters, communicator, init, is_initialized, local_rank, local_size, rank,
-                        size)
+from .api import (Average, Compression, Max, Min, Sum, allgather, allgather_object, allreduce,  # noqa: E402
+                  broadcast, broadcast_, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+                  communicator, init, is_initialized, local_rank, local_size, rank, size)
 
 __all__ = ["Average", "Compression", "DistributedOptimizer", "Max", "Min", "Sum", "allgather", "allgather_object",
            "allreduce", "broadcast", "broadcast_", "broadcast_object", "broadcast_optimizer_state",
@@ -141,7 +140,7 @@ class _DistributedMixin:
         #: the bucket-wise exchange started from gradient hooks (None without overlap)
         self.overlap = None
         if overlap:
-            from .torch_overlap import BucketExchange
+            from .overlap import BucketExchange
 
             self._agg = torch.zeros_like(self._flat)
             self.overlap = BucketExchange(self, scheme, density, memory=memory, seed=seed,
@@ -393,7 +392,7 @@ def join(device: int = -1) -> int:
     """
     opt = _last_created() if _last_created is not None else None
     if opt is None:
-        from . import torch_api
+        from . import api as torch_api
 
         return int(max(torch_api.allgather_object(torch_api.rank())))  # nothing to mirror: all arrive
     opt._active, first = 0, True
@@ -412,7 +411,7 @@ def join(device: int = -1) -> int:
 
 
 def _default_comm() -> Communicator:
-    from . import torch_api
+    from . import api as torch_api
 
     return torch_api.communicator()
 
@@ -432,10 +431,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     compression: ``Compression.none`` or ``Compression.fp16`` (values rounded
     to float16 before the exchange). op: Average or Sum.
     scheme, density, memory, seed, **scheme_options: passed to the scheme.
-    comm: a :class:`mpisparse.comm.Communicator` (the one ``init()`` started when omitted).
+    comm: a :class:`mpisparse.mpi.comm.Communicator` (the one ``init()`` started when omitted).
     broadcast: broadcast rank 0's parameters first (default: only with a model).
     overlap: exchange bucket by bucket from gradient hooks while backward runs
-    (:mod:`mpisparse.torch_overlap`; schemes whose math is per element or per
+    (:mod:`mpisparse.torch.overlap`; schemes whose math is per element or per
     layer: dense, topk with layerwise=True, threshold with a fixed threshold);
     bucket_cap_mb: the least size of a bucket.
     """
@@ -447,7 +446,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
             if not isinstance(backward_passes_per_step, int) or isinstance(backward_passes_per_step, float):
                 density, backward_passes_per_step = float(backward_passes_per_step), 1
     if compression is None:
-        from .torch_api import Compression
+        from .api import Compression
 
         compression = Compression.none
     if model is not None and named_parameters is None:
@@ -475,7 +474,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
 
 def __getattr__(name: str):
     if name == "comm_hook":  # imported lazily: torch.distributed is only needed by the DDP hook
-        from .torch_dist import comm_hook
+        from .dist import comm_hook
 
         return comm_hook
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
