@@ -7,8 +7,8 @@ import pytest
 
 from mpisparse.backend.fusion import FusionLayout
 from mpisparse.bench.gradgen import SyntheticGradients
-from mpisparse.schemes.deft_partition import (Layer, assign_local_k, bin_pack, layerwise_topk, predicted_speedup,
-                                              split_large, two_stage_partition)
+from mpisparse.schemes.deft_partition import Layer, assign_local_k, bin_pack, split_large, two_stage_partition
+from mpisparse.schemes.deft_selection import layerwise_topk, predicted_speedup
 from mpisparse.schemes import SCHEMES, create, k_for
 from mpisparse.schemes.deft import (
     PACK_COST,

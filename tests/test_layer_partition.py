@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from mpisparse.schemes.deft_partition import (Layer, assign_local_k, bin_pack, decode_bins, encode_bins,
-                                              layerwise_topk, leader, my_part, predicted_speedup, selection_cost,
-                                              split_large, two_stage_partition)
+from mpisparse.schemes.deft_partition import (Layer, assign_local_k, bin_pack, decode_bins, encode_bins, leader,
+                                              my_part, split_large, two_stage_partition)
+from mpisparse.schemes.deft_selection import layerwise_topk, predicted_speedup, selection_cost
 
 
 def spans(layers):

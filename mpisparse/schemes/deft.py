@@ -109,8 +109,9 @@ import numpy as np
 
 from .. import backend
 from ..backend import compiled_segments, numpy_kernels, reference
-from .deft_partition import (Layer, assign_local_k, bin_pack, decode_bins, encode_bins, leader, my_part,
-                             predicted_speedup, selection_cost, split_large, two_stage_partition)
+from .deft_partition import (Layer, assign_local_k, bin_pack, decode_bins, encode_bins, leader, my_part, split_large,
+                             two_stage_partition)
+from .deft_selection import predicted_speedup, selection_cost
 from .base import SELECT_KERNEL, Scheme, k_for, register, validate_density
 
 #: Cost model of the leader's bin packing (Alg. 4 l.6-8): ``"size"``, one
@@ -195,7 +196,7 @@ def select_layers(vec, layers: Sequence[Layer], ks: Sequence[int], part: Sequenc
                   scratch=None, spans=None, kernel: str = "native"):
     """Alg. 5: top-``ks[x]`` by magnitude in each layer ``x`` of ``part``.
 
-    The fast counterpart of :func:`mpisparse.schemes.deft_partition.layerwise_topk`:
+    The fast counterpart of :func:`mpisparse.schemes.deft_selection.layerwise_topk`:
     all of ``part``'s layers in one :func:`mpisparse.backend.segment_topk_abs`
     call (no per-layer loop; indices in any order within a layer).  Returns
     the flat indices of ``vec`` (``backend.index_dtype(vec.size)``), layer by

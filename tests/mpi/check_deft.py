@@ -18,8 +18,8 @@ import numpy as np
 from _common import RankWorld, close
 
 from mpisparse.backend import compiled
-from mpisparse.schemes.deft_partition import (assign_local_k, bin_pack, encode_bins, layerwise_topk, split_large,
-                                              two_stage_partition)
+from mpisparse.schemes.deft_partition import assign_local_k, bin_pack, encode_bins, split_large, two_stage_partition
+from mpisparse.schemes.deft_selection import layerwise_topk
 from mpisparse.schemes.deft import PACK_COST, PACK_LAYER_OVERHEAD, deft_layers
 from mpisparse.schemes import create, k_for
 
