@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from .config import BenchConfig, TrainConfig
 from .registry import SCHEMES, scheme_class
 
-__all__ = ["RUNTIMES", "Runtime", "bench_step", "check_bench", "check_servers", "check_torchrun", "check_train", "runtime_of",
+__all__ = ["RUNTIMES", "Runtime", "bench_schemes", "bench_step", "check_bench", "check_servers", "check_torchrun", "check_train", "runtime_of",
            "schemes_of", "train", "train_runtime", "validate"]
 
 
@@ -98,6 +98,11 @@ def runtime_of(scheme: str) -> Runtime:
 def schemes_of(runtime: str) -> list[str]:
     """The registered schemes of runtime ``runtime`` (``collective``, ``ps`` or ``mp``), sorted."""
     return RUNTIMES[runtime].schemes()
+
+
+def bench_schemes() -> list[str]:
+    """The registered schemes ``bench`` runs (those of the runtimes with a bench driver), sorted."""
+    return sorted(name for rt in RUNTIMES.values() if rt.bench_driver is not None for name in rt.schemes())
 
 
 def train_runtime(cfg: TrainConfig) -> Runtime:

@@ -51,6 +51,43 @@ def test_help_lists_registry_schemes_and_their_options():
         assert name in res.output
 
 
+def _commands(group, path=()):
+    for name, cmd in sorted(group.commands.items()):
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, path + (name,))
+        else:
+            yield path + (name,), cmd
+
+
+def test_each_command_lists_only_the_options_of_schemes_it_accepts():
+    """A scheme option is shown under the schemes that declare it, and only where the command runs them."""
+    from mpisparse.cli.bench import OVERLAP_SCHEMES
+    from mpisparse.cli.options import SectionOption
+    from mpisparse.runtimes import bench_schemes
+
+    seen = 0
+    for path, cmd in _commands(cli):
+        choice = next((p.type.choices for p in cmd.params if p.name == "schemes"), None)
+        for p in cmd.params:
+            if isinstance(p, SectionOption) and p.section and p.section.startswith("Options of "):
+                owners = p.section[len("Options of "):].split(", ")
+                assert choice is not None and set(owners) <= set(choice), (path, p.name, owners)
+                if path[0] == "bench":
+                    assert set(owners) <= set(bench_schemes()), (path, p.name, owners)
+                seen += 1
+    assert seen > 20
+    overlap = CliRunner().invoke(cli, ["bench", "overlap", "--help"]).output
+    sections = {line.strip() for line in overlap.splitlines() if line.startswith("Options of ")}
+    assert sections == {"Options of threshold:", "Options of topk:"}, sections
+    assert set(OVERLAP_SCHEMES) == {"dense", "threshold", "topk"}
+    from mpisparse.registry import all_options
+
+    refused = [o.flag for o, owners in all_options().values() if not set(owners) & set(OVERLAP_SCHEMES)]
+    assert "--beta" in refused  # cltk's
+    for flag in refused:
+        assert f"{flag} " not in overlap, flag
+
+
 def test_mpiexec_command_for_mpich():
     plan = build_mpiexec_command(4, ["bench", "step", "-n", "4"], mpiexec="/x/mpiexec", python="/py",
                                  flavor="mpich", timeout=60)

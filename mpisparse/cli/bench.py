@@ -14,7 +14,7 @@ from ..mpi.device import check_device_usable
 from ..models.shapes import model_names
 from ..registry import SCHEMES, validate_density
 from ..results.trace import trace_path
-from ..runtimes import check_servers
+from ..runtimes import bench_schemes, check_servers
 from . import output
 from .options import (progress_options, trace_option, SectionedCommand, check_plot, cuda_aware_option, density_list, diagnostics_option, int_list,
                       mpi_options, output_options, pick_scheme_options, scheme_options, size_list, step_options, usage,
@@ -39,6 +39,11 @@ def _steps(value: str) -> list[int]:
     if not out:
         raise click.BadParameter(f"{value!r}: give at least one step number")
     return out
+
+
+#: the schemes ``bench overlap`` runs bucket by bucket (:func:`mpisparse.torch.overlap.overlap_refusal` says
+#: which of their options it needs)
+OVERLAP_SCHEMES = ["dense", "threshold", "topk"]
 
 
 @bench.command("step", cls=SectionedCommand)
@@ -79,7 +84,7 @@ def _steps(value: str) -> list[int]:
               help="Data-parallel schemes: after each step every rank times one e += g pass (the floor of a "
                    "step's compute) into a buffer of its own (one buffer more in the peak RSS); the table "
                    "adds compute / floor.")
-@scheme_options
+@scheme_options(bench_schemes())
 @cuda_aware_option
 @trace_option
 @progress_options
@@ -122,7 +127,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
 @mpi_options
 @click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18"]), default="resnet18", show_default=True,
               help="The net trained (CIFAR-shaped random batches, each rank its own).")
-@click.option("--scheme", "schemes", type=click.Choice(["dense", "threshold", "topk"]), multiple=True,
+@click.option("--scheme", "schemes", type=click.Choice(OVERLAP_SCHEMES), multiple=True,
               default=("dense",), show_default=True,
               help="Repeatable. Schemes that run bucket by bucket: dense, topk with --layerwise, threshold with "
                    "--threshold.")
@@ -135,7 +140,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the net and the batches.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="Write the rows (and provenance) to this file.")
-@scheme_options
+@scheme_options(OVERLAP_SCHEMES)
 def bench_overlap(nprocs, timeout, model, schemes, density, batch, iters, warmup, bucket_cap_mb, seed, json_path,
                   **scheme_opts) -> None:
     """Step time with the exchange after backward vs overlapped with it (gradient hooks), side by side."""
@@ -182,7 +187,7 @@ def bench_overlap(nprocs, timeout, model, schemes, density, batch, iters, warmup
 @output_options("The per-run result objects (a list), with the exchange keys added.",
                 "One row per scheme and density.",
                 "PNG: exchange time and bytes per rank against density, a line per scheme.")
-@scheme_options
+@scheme_options(bench_schemes())
 @cuda_aware_option
 @progress_options
 def bench_exchange(nprocs, timeout, model, schemes, densities, iters, warmup, seed, no_memory, check_collectives,
@@ -419,7 +424,7 @@ def bench_select(mode, size, models, worlds, density, repeats, threads, distribu
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="PNG: step time, speedup and bytes per rank against W.")
 @progress_options
-@scheme_options
+@scheme_options(bench_schemes())
 def bench_scaling(worlds, densities, models, schemes, no_baseline, iters, warmup, seed, no_memory, servers,
                   timeout, emucluster_rate, out_dir, verbose, json_path, csv_path, plot_path, progress_interval=10.0,
                   no_progress=False, **scheme_opts) -> None:

@@ -11,7 +11,7 @@ a usage error (exit 2, one line, before MPI starts).
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import click
 
@@ -113,26 +113,34 @@ def cuda_aware_option(f: Callable) -> Callable:
                              "[default: MPISPARSE_CUDA_AWARE, else the MPI library's answer checked by a probe].")(f)
 
 
-def scheme_options(f: Callable, exclude: tuple[str, ...] = ()) -> Callable:
-    """One click option per scheme option in the registry (defaults: None = unset).
+def scheme_options(schemes: Sequence[str], exclude: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    """One click option per option of the schemes a command accepts (defaults: None = unset).
 
-    Each is shown in ``--help`` under the schemes that declare it.  Names
-    in ``exclude`` belong to the command itself (``train --momentum``) and
-    are handed to the schemes that declare them by the command.
+    Only the options of ``schemes`` are added, each shown in ``--help``
+    under those of ``schemes`` that declare it, so a command lists what
+    applies to it and nothing else.  Names in ``exclude`` belong to the
+    command itself (``train --momentum``) and are handed to the schemes
+    that declare them by the command.
     """
-    for name, (opt, owners) in sorted(all_options().items(), reverse=True):
-        if name in exclude:
-            continue
-        section = f"Options of {', '.join(owners)}"
-        help_text = opt.help.split(": ", 1)[-1]
-        if opt.kind is bool:
-            f = click.option(opt.flag, name, cls=SectionOption, section=section, is_flag=True, default=None,
-                             help=help_text)(f)
-        else:
-            f = click.option(opt.flag, name, cls=SectionOption, section=section,
-                             type=click.Choice(opt.choices) if opt.choices else opt.kind, default=None,
-                             help=help_text)(f)
-    return f
+    accepted = set(schemes)
+
+    def deco(f: Callable) -> Callable:
+        for name, (opt, owners) in sorted(all_options().items(), reverse=True):
+            owners = [o for o in owners if o in accepted]
+            if name in exclude or not owners:
+                continue
+            section = f"Options of {', '.join(owners)}"
+            help_text = opt.help.split(": ", 1)[-1]
+            if opt.kind is bool:
+                f = click.option(opt.flag, name, cls=SectionOption, section=section, is_flag=True, default=None,
+                                 help=help_text)(f)
+            else:
+                f = click.option(opt.flag, name, cls=SectionOption, section=section,
+                                 type=click.Choice(opt.choices) if opt.choices else opt.kind, default=None,
+                                 help=help_text)(f)
+        return f
+
+    return deco
 
 
 # --------------------------------------------------------------------------- checks of the command line

@@ -82,7 +82,7 @@ def _split_after(text: str | None) -> list[str]:
               default=None, help="With --mp-stages: data-parallel scheme inside each stage's replica group [dense].")
 @click.option("--dp-density", type=float, default=None,
               help="With --mp-stages: --density of the --dp-scheme [--density].")
-@(lambda f: scheme_options(f, exclude=("momentum",)))
+@scheme_options(sorted(SCHEMES), exclude=("momentum",))
 @cuda_aware_option
 @trace_option
 @progress_options
