@@ -20,7 +20,7 @@ import pytest
 from mpisparse.mpi.launch import build_mpiexec_command, find_mpiexec, has_remote_shell, launcher_flavor
 
 HERE = Path(__file__).parent
-# the maintainers' tools (tools/docs_results.py) are outside the installed package
+# the maintainers' tools (tools/docs_results/) are outside the installed package
 sys.path.insert(0, str(HERE.parent / "tools"))
 MPI_TIMEOUT = int(os.environ.get("MPISPARSE_TEST_MPI_TIMEOUT", "120"))
 # the suite's emulated clusters (reproduce, bench scaling, docs tables) use their own instance, so a

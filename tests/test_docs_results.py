@@ -1,7 +1,7 @@
 """The generated documentation: results tables with provenance, docs/cli.md, README links and paths.
 
 Measured numbers in README.md and docs/ come only from bin/docs-results
-(tools/docs_results.py). These tests regenerate one small table and
+(tools/docs_results/). These tests regenerate one small table and
 compare its form with the committed one, and check that every committed
 results file says where it came from, that docs/cli.md covers every
 command, that every relative link resolves, and that no tracked file points
@@ -57,7 +57,7 @@ def test_a_quick_table_regenerates_with_the_committed_form(tmp_path):
 def test_every_results_file_has_its_provenance():
     files = sorted(RESULTS.glob("*.md"))
     assert {f.stem for f in files} == set(dr.table_names()), \
-        "docs/results/ must hold exactly one file per table of tools/docs_results.py"
+        "docs/results/ must hold exactly one file per table of tools/docs_results/"
     for f in files:
         text = f.read_text()
         h = dr.parse_header(text)
