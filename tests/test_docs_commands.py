@@ -1,7 +1,7 @@
 """What the docs name can be checked without running anything: commands parse, modules import, files exist.
 
-* Every ``mpisparse ...`` command line in a fenced code block of README.md and docs/*.md (docs/results/ is
-  generated with its commands; docs/cli.md is ``--help`` output) parses with the real CLI: click's
+* Every ``mpisparse ...`` command line in a fenced code block of README.md and docs/*.md (not docs/results/,
+  generated with its commands; of docs/cli.md, the ``--help`` output, only the help's example lines) parses with the real CLI: click's
   ``make_context`` on ``mpisparse.cli.cli`` and then on each subcommand, as ``Group.invoke`` would, without
   invoking a command. Launch prefixes (``mpiexec -n N``, ``srun``, ``python -m``, ``torchrun ... -m``,
   ``bin/emucluster run N --``), environment assignments, redirections and comments are taken off first.
@@ -24,6 +24,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+#: generated from ``--help``: its ``text`` blocks are help output, of which only example lines are commands
+CLI_REFERENCE = "docs/cli.md"
 #: fenced blocks whose lines are shell commands (``console`` lines may carry a ``$ `` prompt)
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.S | re.M)
@@ -53,7 +55,8 @@ def commands(page: Path, text: str | None = None) -> list[tuple[str, int, str]]:
     rel = str(page.relative_to(ROOT))
     found = []
     for m in FENCE.finditer(text):
-        if m.group(1) not in SHELL_FENCES:
+        help_text = rel == CLI_REFERENCE and m.group(1) == "text"  # --help output: only its example lines
+        if m.group(1) not in SHELL_FENCES and not help_text:
             continue
         first = text.count("\n", 0, m.start(2)) + 1
         lines = m.group(2).split("\n")
@@ -65,6 +68,8 @@ def commands(page: Path, text: str | None = None) -> list[tuple[str, int, str]]:
                 line = line.rstrip()[:-1] + " " + lines[i].strip()
             i += 1
             line = line.strip()
+            if help_text and not line.startswith("mpisparse "):
+                continue
             if line.startswith("$ "):
                 line = line[2:]
             elif m.group(1) == "console" or not line or line.startswith("#"):
