@@ -268,7 +268,7 @@ def _fused_and_plain(monkeypatch, steps, record):
 def test_fused_norms_step_equals_the_plain_step(monkeypatch, dtype):
     """The compiled pass (acc = e + g with the layer norms summed on the way) and the plain steps give the
     same output and residual, step after step; the fused norms agree with segment_norms to rounding."""
-    from mpisparse.backend import compiled_segments
+    from mpisparse.backend import compiled_compensate
     runs = _fused_and_plain(monkeypatch, 4, lambda sch, t: (sch.step(grad_of(LAYOUT, t=t).astype(dtype)).copy(),
                                                             sch.memory.residual.copy(), sch.last_ks.copy()))
     for (o1, r1, k1), (o0, r0, k0) in zip(runs["1"], runs["0"]):
@@ -279,14 +279,14 @@ def test_fused_norms_step_equals_the_plain_step(monkeypatch, dtype):
     layers = deft_layers(LAYOUT, 2)
     starts, sizes = np.array([l.start for l in layers]), np.array([l.size for l in layers])
     e, g = np.zeros(LAYOUT.n, dtype), grad_of(LAYOUT).astype(dtype)
-    got = compiled_segments.compensate_norms(e, g, starts, sizes)
+    got = compiled_compensate.compensate_norms(e, g, starts, sizes)
     np.testing.assert_array_equal(e, g)
     np.testing.assert_allclose(got, layer_norms(g, layers), rtol=1e-6)
     g[layers[1].start] = np.inf
     g[layers[2].start] = np.nan
-    bad = compiled_segments.compensate_norms(np.zeros_like(g), g, starts, sizes)
+    bad = compiled_compensate.compensate_norms(np.zeros_like(g), g, starts, sizes)
     assert np.isinf(bad[1]) and np.isnan(bad[2]) and np.isfinite(np.delete(bad, [1, 2])).all()
-    assert compiled_segments.compensate_norms(e, g, starts[::-1], sizes[::-1]) is None  # not ascending
+    assert compiled_compensate.compensate_norms(e, g, starts[::-1], sizes[::-1]) is None  # not ascending
 
 
 def test_selection_from_the_pass_equals_the_plain_step(monkeypatch):

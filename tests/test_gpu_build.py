@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from mpisparse.backend import cupy_kernels as ck
+from mpisparse.backend import cupy_launch
 from mpisparse.backend import numpy_kernels as nk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def test_cuda_sources_compile_with_nvrtc():
     if lib is None:
         pytest.skip("no libnvrtc here (pip install nvidia-cuda-nvrtc, or set MPISPARSE_NVRTC=/path/libnvrtc.so)")
     for name in ck.KERNEL_SOURCES:
-        src = ck.kernel_source(name).encode()
+        src = cupy_launch.kernel_source(name).encode()
         assert b"#include" not in src, f"{name}: NVRTC has no system headers"
         prog = ctypes.c_void_p()
         assert lib.nvrtcCreateProgram(ctypes.byref(prog), src, name.encode(), 0, None, None) == 0

@@ -5,7 +5,7 @@ Every test runs twice:
 * ``emu`` -- on this machine: ``cupy`` is replaced by ``tests/gpu_emu/fakecupy.py``
   (NumPy arrays; the CUDA C of ``mpisparse/backend/cuda`` compiled with g++
   against a CPU emulator of blocks, threads, barriers and warp intrinsics),
-  so the real kernel code and the real orchestration in ``cupy_kernels.py``
+  so the real kernel code and the real orchestration in the ``cupy_*.py`` modules
   execute;
 * ``gpu`` -- marked ``gpu``: real CuPy on a CUDA device; skipped without one,
   a failure with ``MPISPARSE_TEST_GPU=1``.
@@ -23,17 +23,18 @@ from gpu_emu import fakecupy
 from gpu_emu.gpu import require_gpu
 from mpisparse import backend
 from mpisparse.backend import cupy_kernels as ck
+from mpisparse.backend import cupy_launch, cupy_segments, cupy_select, numpy_select
 from mpisparse.backend import numpy_kernels as nk
 
 
 @pytest.fixture(params=["emu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def cp(request, monkeypatch):
     """The array module the kernels run on: the CPU emulator or real CuPy (output poisoned)."""
-    monkeypatch.setattr(ck, "_modules", {})
-    monkeypatch.setattr(ck, "_sm_count", {})
-    monkeypatch.setattr(ck, "_cap_hint", {})
-    monkeypatch.setattr(ck, "_TILE_PLANS", {})
-    monkeypatch.setattr(ck, "_PASS_PLANS", {})
+    monkeypatch.setattr(cupy_launch, "_modules", {})
+    monkeypatch.setattr(cupy_launch, "_sm_count", {})
+    monkeypatch.setattr(cupy_select, "_cap_hint", {})
+    monkeypatch.setattr(cupy_segments, "_TILE_PLANS", {})
+    monkeypatch.setattr(cupy_select, "_PASS_PLANS", {})
     if request.param == "emu":
         if not fakecupy.compiler_available():
             pytest.skip("the CPU emulator of the CUDA kernels needs g++ (or $CXX)")
@@ -92,7 +93,7 @@ def test_aligned_and_misaligned_inputs_take_the_vector_and_scalar_passes(cp, dty
     emulated = hasattr(cp, "as_cupy_module")
     for view, vec in ((base[:x.size], True), (base[1:], False)):
         want_x = x if vec else np.concatenate([x[1:], x[:1]])
-        before = {key[2]: f.launches for key, f in ck._modules.items() if len(key) == 3} if emulated else {}
+        before = {key[2]: f.launches for key, f in cupy_launch._modules.items() if len(key) == 3} if emulated else {}
         t = float(np.quantile(np.abs(want_x), 0.99))
         got = host(ck.threshold_select(view, t))
         np.testing.assert_array_equal(np.sort(got), nk.threshold_select(want_x, t))
@@ -100,7 +101,7 @@ def test_aligned_and_misaligned_inputs_take_the_vector_and_scalar_passes(cp, dty
         np.testing.assert_array_equal(host(got_v), want_x[host(got_i)])
         check_topk(want_x, ck.topk_abs(view, 700, method="sample", rng=3), 700)
         if emulated:
-            ran = {key[2] for key, f in ck._modules.items() if len(key) == 3 and f.launches > before.get(key[2], 0)}
+            ran = {key[2] for key, f in cupy_launch._modules.items() if len(key) == 3 and f.launches > before.get(key[2], 0)}
             passes = {n for n in ran if n.startswith(("select_ge", "select_key_ge"))}
             assert passes and all(("_vec_" in n) == vec for n in passes), passes
 
@@ -151,7 +152,7 @@ def test_topk_abs_float64_and_ties(cp):
 
 def test_topk_abs_radix_levels_and_wide_indices(cp, monkeypatch):
     """Small SORT_LIMIT: candidates go through the next radix digits; int64 index kernels too."""
-    monkeypatch.setattr(ck, "SORT_LIMIT", 8)
+    monkeypatch.setattr(cupy_select, "SORT_LIMIT", 8)
     rng = np.random.default_rng(5)
     x = rng.standard_normal(4000).astype(np.float32)
     x[:600] = np.float32(0.75)  # a tie that survives every digit
@@ -160,7 +161,7 @@ def test_topk_abs_radix_levels_and_wide_indices(cp, monkeypatch):
         check_topk(x, ck.topk_abs(cp.asarray(x), k, method="sample", rng=1), k)
     x64 = rng.standard_normal(2000)
     check_topk(x64, ck.topk_abs(cp.asarray(x64), 77, method="radix"), 77)
-    monkeypatch.setattr(ck, "index_dtype", lambda n: np.int64)
+    monkeypatch.setattr(cupy_select, "index_dtype", lambda n: np.int64)
     got = host(ck.topk_abs(cp.asarray(x), 70, method="radix"))
     assert got.dtype == np.int64
     np.testing.assert_array_equal(np.sort(np.abs(x[got])), np.sort(np.abs(x[nk.topk_abs(x, 70)])))
@@ -339,14 +340,14 @@ def test_segment_topk_abs_retries_many_tiny_and_ties(cp, monkeypatch):
     starts = np.arange(30, dtype=np.int64) * 9000
     x = rng.standard_normal(int(sizes.sum())).astype(np.float32)
     ks = rng.integers(1, 300, 30)
-    margins = nk._MARGIN_SIGMAS, nk._MARGIN_EXTRA
-    monkeypatch.setattr(nk, "_MARGIN_SIGMAS", -3.0)  # thresholds too high: short segments retry
-    monkeypatch.setattr(nk, "_MARGIN_EXTRA", 0)
+    margins = numpy_select._MARGIN_SIGMAS, numpy_select._MARGIN_EXTRA
+    monkeypatch.setattr(numpy_select, "_MARGIN_SIGMAS", -3.0)  # thresholds too high: short segments retry
+    monkeypatch.setattr(numpy_select, "_MARGIN_EXTRA", 0)
     for g, w in zip(_groups(ck.segment_topk_abs(cp.asarray(x), starts, sizes, ks, rng=1), ks),
                     _ref_groups(x, starts, sizes, ks)):
         np.testing.assert_array_equal(g, w)
-    monkeypatch.setattr(nk, "_MARGIN_SIGMAS", margins[0])
-    monkeypatch.setattr(nk, "_MARGIN_EXTRA", margins[1])
+    monkeypatch.setattr(numpy_select, "_MARGIN_SIGMAS", margins[0])
+    monkeypatch.setattr(numpy_select, "_MARGIN_EXTRA", margins[1])
     tiny = rng.integers(0, 4, 700).astype(np.int64)
     ts = np.concatenate([[0], np.cumsum(tiny)[:-1]]).astype(np.int64)
     y = rng.standard_normal(int(tiny.sum())).astype(np.float32)
@@ -373,10 +374,10 @@ def test_segmented_launches_do_not_grow_with_the_number_of_segments(cp):
         starts = np.arange(S, dtype=np.int64) * (n // S)
         ks = np.maximum(1, sizes // 100)
         ck.segment_topk_abs(x, starts, sizes, ks, rng=0)  # compile and warm the kernel cache
-        before = sum(f.launches for key, f in ck._modules.items() if len(key) == 3)
+        before = sum(f.launches for key, f in cupy_launch._modules.items() if len(key) == 3)
         ck.segment_topk_abs(x, starts, sizes, ks, rng=0)
         ck.segment_norms(x, starts, sizes)
-        launches[S] = sum(f.launches for key, f in ck._modules.items() if len(key) == 3) - before
+        launches[S] = sum(f.launches for key, f in cupy_launch._modules.items() if len(key) == 3) - before
     # sample, thresholds, candidates, k-th candidates, take; norms
     assert launches[10] == launches[60] == 6, launches
 

@@ -8,6 +8,7 @@ import pytest
 from mpisparse import backend
 from mpisparse.backend import cupy_kernels as ck
 from mpisparse.backend import numpy_kernels as nk
+from mpisparse.backend import numpy_select
 
 
 # --------------------------------------------------------------------------
@@ -44,9 +45,9 @@ def assert_topk(x: np.ndarray, k: int, idx: np.ndarray) -> None:
 @pytest.fixture
 def sampled_path(monkeypatch):
     """Force the sample/threshold path of topk_abs on small vectors, in chunks."""
-    monkeypatch.setattr(nk, "SMALL_N", 0)
-    monkeypatch.setattr(nk, "CHUNK", 997)  # odd size: ragged last chunk
-    monkeypatch.setattr(nk, "_SAMPLE_MIN", 64)
+    monkeypatch.setattr(numpy_select, "SMALL_N", 0)
+    monkeypatch.setattr(numpy_select, "CHUNK", 997)  # odd size: ragged last chunk
+    monkeypatch.setattr(numpy_select, "_SAMPLE_MIN", 64)
 
 
 # --------------------------------------------------------------------------
@@ -183,12 +184,12 @@ def test_topk_retry_and_fallback_paths(sampled_path, monkeypatch):
     x = _frozen(rng.standard_normal(20_000).astype(np.float32))
     # a margin far below zero puts the first threshold above the k-th value:
     # exercises the retry with a lowered threshold
-    monkeypatch.setattr(nk, "_MARGIN_SIGMAS", -3.0)
-    monkeypatch.setattr(nk, "_MARGIN_EXTRA", 0)
+    monkeypatch.setattr(numpy_select, "_MARGIN_SIGMAS", -3.0)
+    monkeypatch.setattr(numpy_select, "_MARGIN_EXTRA", 0)
     for k in [5, 200, 2000]:
         assert_topk(x, k, nk.topk_abs(x, k, rng=rng))
     # no threshold pass at all: straight to the full argpartition fallback
-    monkeypatch.setattr(nk, "MAX_RETRIES", 0)
+    monkeypatch.setattr(numpy_select, "MAX_RETRIES", 0)
     for k in [5, 200, 2000]:
         assert_topk(x, k, nk.topk_abs(x, k, rng=rng))
 
@@ -211,7 +212,7 @@ def test_topk_rng_does_not_change_result_set():
 @pytest.mark.parametrize("chunk", [None, 1000])
 def test_threshold_select_matches_reference(monkeypatch, chunk):
     if chunk:
-        monkeypatch.setattr(nk, "CHUNK", chunk)
+        monkeypatch.setattr(numpy_select, "CHUNK", chunk)
     rng = np.random.default_rng(4)
     for n in [1, 5, 999, 1000, 1001, 50_000]:
         x = _frozen(rng.standard_normal(n).astype(np.float32))
@@ -383,4 +384,4 @@ def test_kth_largest_matches_a_sort():
     a = rng.standard_normal(101)
     s = np.sort(a)[::-1]
     for k in (1, 2, 50, 101):
-        assert nk.kth_largest(a, k) == s[k - 1]
+        assert numpy_select.kth_largest(a, k) == s[k - 1]

@@ -120,12 +120,12 @@ import sys
 sys.path.insert(0, "tests")
 import numba, numpy as np
 from conftest import SelfComm
-from mpisparse.backend import compiled, compiled_segments
+from mpisparse.backend import compiled, compiled_compensate, compiled_segments
 from mpisparse.backend.fusion import FusionLayout
 from mpisparse.schemes import create
 def signatures():
-    return {(m.__name__, k, str(s)) for m in (compiled, compiled_segments) for k, v in vars(m).items()
-            if isinstance(v, numba.core.registry.CPUDispatcher) for s in v.signatures}
+    return {(m.__name__, k, str(s)) for m in (compiled, compiled_segments, compiled_compensate)
+            for k, v in vars(m).items() if isinstance(v, numba.core.registry.CPUDispatcher) for s in v.signatures}
 layout = FusionLayout(%r)
 sch = create(%r, SelfComm(), layout, 0.01, seed=0)
 warm = sch.warm_up()

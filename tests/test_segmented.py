@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from mpisparse import backend
-from mpisparse.backend import compiled_segments
+from mpisparse.backend import compiled_compensate, compiled_segments, numpy_select
+from mpisparse.backend import numpy_segment_topk as nst
 from mpisparse.backend import numpy_kernels as nk
 
 
@@ -90,17 +91,17 @@ def test_segment_topk_abs_many_tiny_segments_and_edges(path):
 
 def test_segment_topk_abs_retry_and_fallback_paths(monkeypatch, path):
     """A threshold margin of zero makes many segments come up short: the retries stay exact."""
-    monkeypatch.setattr(nk, "_MARGIN_SIGMAS", -3.0)
-    monkeypatch.setattr(nk, "_MARGIN_EXTRA", 0)
-    monkeypatch.setattr(nk, "_SEGC_SIGMAS", -3.0)  # the compiled kernel's own margin
-    monkeypatch.setattr(nk, "_SEGC_EXTRA", 0)
+    monkeypatch.setattr(numpy_select, "_MARGIN_SIGMAS", -3.0)
+    monkeypatch.setattr(numpy_select, "_MARGIN_EXTRA", 0)
+    monkeypatch.setattr(nst, "_SEGC_SIGMAS", -3.0)  # the compiled kernel's own margin
+    monkeypatch.setattr(nst, "_SEGC_EXTRA", 0)
     rng = np.random.default_rng(7)
     sizes = np.full(60, 12_000, dtype=np.int64)
     starts = np.arange(60, dtype=np.int64) * 12_000
     x = rng.standard_normal(int(sizes.sum())).astype(np.float32)
     ks = rng.integers(1, 400, 60)
     for mr in (3, 1):
-        monkeypatch.setattr(nk, "MAX_RETRIES", mr)
+        monkeypatch.setattr(numpy_select, "MAX_RETRIES", mr)
         got = nk.segment_topk_abs(x, starts, sizes, ks, rng=3)
         for g, w in zip(split(got, ks), ref_topk(x, starts, sizes, ks)):
             np.testing.assert_array_equal(g, w)
@@ -188,10 +189,10 @@ def test_compiled_plan_equals_segment_plan():
                    for i, s in enumerate(sizes)], dtype=np.int64)
     sizes = sizes.astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    for sizing in (nk._segc_sizing(), (32.0, 4.0, 256.0, 8192.0, 2.0, 2.0, 0.25), (16.0, 0.0, 256.0, 8192.0, 1.5, 1.0, 0.25)):
+    for sizing in (nst._segc_sizing(), (32.0, 4.0, 256.0, 8192.0, 2.0, 2.0, 0.25), (16.0, 0.0, 256.0, 8192.0, 1.5, 1.0, 0.25)):
         hits, sqrt_cap, _, smax, sigmas, extra, _ = sizing
-        want_m, want_r = nk.segment_plan(sizes, ks, sqrt_cap or None, hits=hits, sample_max=int(smax), sigmas=sigmas,
-                                         extra=extra)
+        want_m, want_r = nst.segment_plan(sizes, ks, sqrt_cap or None, hits=hits, sample_max=int(smax), sigmas=sigmas,
+                                          extra=extra)
         m, r, ooff = np.empty_like(ks), np.empty_like(ks), np.empty(ks.size + 1, np.int64)
         mmax = compiled_segments._plan(starts, sizes, ks, sizing, m, r, ooff)
         np.testing.assert_array_equal(m, want_m)
@@ -263,7 +264,7 @@ def count_numpy_calls(monkeypatch):
             calls["n"] += 1
             return _real(*a, **kw)
 
-        monkeypatch.setattr(nk.np, name, wrapped)
+        monkeypatch.setattr(nst.np, name, wrapped)
     return calls
 
 
@@ -330,22 +331,21 @@ def test_pass_candidates_give_each_segments_top_k_whatever_the_guess(dtype):
     take_candidates then gives the exact top k of every segment its candidates cover, and flags the others
     (a guess of 0: no candidates) as short."""
     _needs_numba()
-    from mpisparse.backend import numpy_kernels as nk
 
     starts, sizes, e0, g = _segments_case(dtype)
     part = np.array([4, 1, 2, 3, 0, 6], np.int64)  # segment 5 is another rank's
     ks = np.array([40, 700, 3, 1, 1200, 20, 400], np.int64)
     plain = e0.copy()
-    norms = compiled_segments.compensate_norms(plain, g, starts, sizes)
+    norms = compiled_compensate.compensate_norms(plain, g, starts, sizes)
     for guess in (ks, ks // 4, 2 * ks, np.where(np.arange(7) == 1, 0, ks)):
         e = e0.copy()
-        got_norms, cands = compiled_segments.compensate_norms_candidates(e, g, starts, sizes, part, guess,
-                                                                         nk._segc_sizing(), 11)
+        got_norms, cands = compiled_compensate.compensate_norms_candidates(e, g, starts, sizes, part, guess,
+                                                                           nst._segc_sizing(), 11)
         np.testing.assert_array_equal(e, e0 + g)
         np.testing.assert_array_equal(got_norms, norms)
         assert cands is not None and np.all(np.diff(cands.cand) > 0)  # ascending: grouped by segment
         assert cands.counts[5] == 0  # not this rank's: nothing collected
-        idx, short = compiled_segments.take_candidates(cands, ks)
+        idx, short = compiled_compensate.take_candidates(cands, ks)
         assert short.tolist() == [bool(cands.counts[i] < ks[i]) for i in part]
         if guess[1] == 0:
             assert short[1]  # no candidates for a guess of 0
@@ -359,7 +359,6 @@ def test_pass_candidates_nan_inf_overflow_and_zero_segments():
     with a k (its sampled threshold 0: every entry a candidate) larger than 65,536 plus four times the
     guesses gives no candidates."""
     _needs_numba()
-    from mpisparse.backend import numpy_kernels as nk
 
     starts, sizes, e0, g = _segments_case(np.float32)
     g[starts[4] + 7] = np.nan
@@ -368,8 +367,9 @@ def test_pass_candidates_nan_inf_overflow_and_zero_segments():
     ks = np.zeros(7, np.int64)
     ks[4] = 2
     e = e0.copy()
-    norms, cands = compiled_segments.compensate_norms_candidates(e, g, starts, sizes, part, ks, nk._segc_sizing(), 1)
-    idx, short = compiled_segments.take_candidates(cands, ks)
+    norms, cands = compiled_compensate.compensate_norms_candidates(e, g, starts, sizes, part, ks, nst._segc_sizing(),
+                                                                   1)
+    idx, short = compiled_compensate.take_candidates(cands, ks)
     assert not short[0] and sorted(idx.tolist()) == [starts[4] + 7, starts[4] + 9]
     assert np.isnan(norms[4]) and np.isfinite(np.delete(norms, 4)).all()
 
@@ -378,8 +378,8 @@ def test_pass_candidates_nan_inf_overflow_and_zero_segments():
     ks = np.zeros(7, np.int64)
     ks[4] = 10
     before = compiled_segments._state.fused[(4, 4)][0].shape[0]
-    norms, cands = compiled_segments.compensate_norms_candidates(e, flat, starts, sizes, part, ks,
-                                                                 nk._segc_sizing(), 2)
+    norms, cands = compiled_compensate.compensate_norms_candidates(e, flat, starts, sizes, part, ks,
+                                                                   nst._segc_sizing(), 2)
     assert cands is None
     np.testing.assert_array_equal(e, flat)
     np.testing.assert_allclose(norms, np.sqrt(sizes.astype(np.float64)))
@@ -387,8 +387,8 @@ def test_pass_candidates_nan_inf_overflow_and_zero_segments():
 
     zeros = np.zeros_like(flat)
     e = np.zeros_like(flat)
-    norms, cands = compiled_segments.compensate_norms_candidates(e, zeros, starts, sizes, part, ks,
-                                                                 nk._segc_sizing(), 3)
+    norms, cands = compiled_compensate.compensate_norms_candidates(e, zeros, starts, sizes, part, ks,
+                                                                   nst._segc_sizing(), 3)
     assert cands is None and not norms.any()
-    assert compiled_segments.compensate_norms_candidates(e, zeros, starts[::-1], sizes[::-1], part, ks,
-                                                         nk._segc_sizing(), 3) is None  # not ascending
+    assert compiled_compensate.compensate_norms_candidates(e, zeros, starts[::-1], sizes[::-1], part, ks,
+                                                           nst._segc_sizing(), 3) is None  # not ascending

@@ -8,8 +8,11 @@ without a copy through DLPack by :func:`as_array`.
 The kernels (``topk_abs``, ``threshold_select``, ``estimate_threshold``,
 ``randomk``, ``rowwise_topk_mask``, and the segmented ``segment_norms`` and
 ``segment_topk_abs``) dispatch on the array module of their
-input: NumPy kernels live in :mod:`mpisparse.backend.numpy_kernels`; the CuPy
-kernels of the GPU path plug in under the same names.
+input: :data:`_KERNEL_MODULES` names one module per array library that holds
+the whole kernel API (:mod:`mpisparse.backend.numpy_kernels`, whose kernels
+live in ``numpy_select``/``numpy_segments``/``numpy_segment_topk``); the CuPy
+kernels of the GPU path (:mod:`mpisparse.backend.cupy_kernels`) plug in under
+the same names.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ cost does not grow with the blocks that have a hit (threshold's and DCT's
 drifted densities); the adding loop can also keep each hit's value and
 zero it in the residual (:func:`_hit`). :func:`_sample_sum_abs` reads a threshold sample
 as runs of one cache line. :mod:`mpisparse.backend.fused` builds the fused
-compensation + selection on them, :func:`mpisparse.backend.numpy_kernels.topk_abs`
+compensation + selection on them, :func:`mpisparse.backend.numpy_select.topk_abs`
 its candidate pass (:func:`select_ge`).
 
 Index loops: :func:`scatter_sum` (the host exchange's clear, add and

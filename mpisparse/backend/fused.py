@@ -4,7 +4,7 @@ A sparse step with error feedback reads the gradient and the residual,
 writes the compensated residual (``e += g``), then reads it again to
 select its ``k`` largest magnitudes.  :func:`compensate_topk` does both in
 one pass: a threshold is first estimated from a sample of ``e + g`` (sized
-as the sampled top-k of :func:`mpisparse.backend.numpy_kernels.topk_abs`,
+as the sampled top-k of :func:`mpisparse.backend.numpy_select.topk_abs`,
 read by a compiled loop as runs of adjacent entries, one cache line each, at
 stratified positions), then
 one loop adds, stores and collects every index whose compensated magnitude
@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import numpy_kernels as nk
+from . import numpy_select as nk
 from .compiled import SAMPLE_RUN, _HAVE_NUMBA, _Buffers, _buffers, available, enabled, select_ge, stratum_positions
-from .numpy_kernels import index_dtype
+from .numpy_select import index_dtype
 
 if _HAVE_NUMBA:
     from .compiled import _fused_pass, _momentum_pass, _sample_sum_abs, _segments_fused_pass, _segments_select_pass

@@ -361,9 +361,10 @@ def _kernel_times(n: int, density: float, dense_density: float, repeats: int, gr
     ``time.perf_counter``, one clock for all processes on Linux), each started after ``start()``: one call,
     or (``window`` > 0) as many calls as fill ``window`` seconds.  Works on its own copies of the vectors."""
     from .. import backend
-    from ..backend import compiled_segments
+    from ..backend import compiled_compensate
     from ..backend import fused as fused_mod
-    from ..backend import numpy_kernels as nk
+    from ..backend import numpy_segment_topk as nst
+    from ..backend import numpy_select as nk
     from ..schemes.gtopk import merge_topk
 
     rng = np.random.default_rng(0)
@@ -425,17 +426,17 @@ def _kernel_times(n: int, density: float, dense_density: float, repeats: int, gr
     sizes = np.full(layers, n // layers, dtype=np.int64)
     ks = np.maximum(1, (sizes * density).astype(np.int64))
     every = np.arange(layers, dtype=np.int64)
-    sizing = nk._segc_sizing()
+    sizing = nst._segc_sizing()
 
     def deft_pass() -> None:  # every layer the rank's: what DEFT's pass does in its own layers
-        got = compiled_segments.compensate_norms_candidates(e, g, starts, sizes, every, ks, sizing, 0)
+        got = compiled_compensate.compensate_norms_candidates(e, g, starts, sizes, every, ks, sizing, 0)
         if got is None:  # the plain steps (no numba): e += g, the norms, the segmented top-k
             np.add(e, g, out=e)
             backend.segment_norms(e, starts, sizes)
         elif got[1] is not None:
-            compiled_segments.take_candidates(got[1], ks)
+            compiled_compensate.take_candidates(got[1], ks)
             return
-        nk.segment_topk_abs(e, starts, sizes, ks)
+        nst.segment_topk_abs(e, starts, sizes, ks)
 
     out["segmented"] = timed(deft_pass)
     return out

@@ -22,7 +22,7 @@ present (and mpisparse importable).  In one run it executes
 9. a short ``train -n 2`` of every data-parallel scheme on the device and on
    the CPU with the same seed (test accuracy within 0.5 points);
 10. ``bench select --backend cupy`` over sizes and densities (which exact
-    top-k method is faster where: ``cupy_kernels.AUTO_TABLE``);
+    top-k method is faster where: ``cupy_select.AUTO_TABLE``);
 
 and writes ``OUT_DIR/gpu-check.json`` and ``OUT_DIR/gpu-check.md``: the
 device, driver, CUDA, MPI, commit and date, each command with its exit code
@@ -121,7 +121,7 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Ch
             checks.append(Check(name, [*ms, "train", "-n", "2", "--device", device, "--scheme", s, "--density",
                                        "0.01", "--epochs", str(epochs), "--seed", "0", "--json", j(name)],
                                 json=j(name), timeout=150))
-    # which exact top-k is faster where: the rows of cupy_kernels.AUTO_TABLE (measured on an H200 already)
+    # which exact top-k is faster where: the rows of cupy_select.AUTO_TABLE (measured on an H200 already)
     checks.append(Check("select-sweep", [*ms, "bench", "select", "--backend", "cupy", "--sizes", SWEEP_SIZES,
                                          "--densities", SWEEP_DENSITIES, "--repeats", "10",
                                          "--json", j("select-sweep")], json=j("select-sweep"), timeout=240))

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from mpisparse.backend import numpy_kernels as nk
+from mpisparse.backend import numpy_select as nk
 
 __all__ = ["run_select_bench", "format_select_bench"]
 

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from ..backend import cupy_kernels as ck
-from ..backend.numpy_kernels import kth_largest
+from ..backend.numpy_select import kth_largest
 
 __all__ = ["run_select_bench_gpu", "format_select_bench_gpu", "run_deft_select_bench_gpu",
            "format_deft_select_bench_gpu"]
@@ -182,7 +182,7 @@ def format_select_bench_gpu(res: dict) -> str:
     lines += ["", "topk_abs method times (best ms): " + ", ".join(f"{m} {t:.3f}" for m, t in a["times_ms"].items())
               + f"; auto picked {a['picked']}"
               + ("" if a["auto_is_fastest"] else f"  <-- NOT the fastest ({a['fastest']}): update "
-                 "cupy_kernels.AUTO_TABLE")]
+                 "cupy_select.AUTO_TABLE")]
     split = res.get("host_device_split") or {}
     if split:
         lines += ["", "per call, median ms (cupyx.profiler.benchmark): " + ", ".join(

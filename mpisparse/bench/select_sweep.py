@@ -158,7 +158,7 @@ def plot_deft_select(path, rows: Sequence[dict[str, Any]]) -> None:
 def _point_runner(backend: str, threads: int, distribution: str) -> Callable[..., dict]:
     """The single-point benchmark of ``backend``; RuntimeError (one sentence) when it cannot run."""
     if backend == "cupy":
-        from ..backend.cupy_kernels import available
+        from ..backend.cupy_launch import available
 
         if not available():
             raise RuntimeError("--backend cupy: no GPU/CuPy available (needs CuPy, e.g. pip install cupy-cuda12x, "

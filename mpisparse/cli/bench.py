@@ -347,7 +347,7 @@ def bench_select(mode, size, models, worlds, density, repeats, threads, distribu
             raise click.UsageError(str(e)) from None
         return
     if backend == "cupy":
-        from ..backend.cupy_kernels import available
+        from ..backend.cupy_launch import available
 
         if not available():
             raise click.UsageError("--backend cupy: no GPU/CuPy available (needs CuPy, e.g. "

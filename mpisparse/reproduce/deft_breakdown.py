@@ -118,7 +118,7 @@ def _claim(paired: bool, by: dict[str, dict[str, Any]], key: str, *args, note: s
 _NATIVE_SELECTION = (
     "with this toolkit's kernels: compared compensate + select, because the fused passes do selection work "
     "inside compensate: topk's and the CLT-k leader's candidate collection (mpisparse/backend/fused.py) and "
-    "DEFT's layer norms and the candidates of its share of the layers (mpisparse/backend/compiled_segments.py). "
+    "DEFT's layer norms and the candidates of its share of the layers (mpisparse/backend/compiled_compensate.py). "
     "So each rank's compensate + select is one pass over the WHOLE vector plus a little: top-k picks among its "
     "candidates, DEFT runs Alg. 3/4 and picks each of its layers' top k among theirs (about n/W elements' "
     "worth, read in the same pass). With this toolkit's linear-time top-k "

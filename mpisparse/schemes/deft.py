@@ -108,7 +108,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import backend
-from ..backend import compiled_segments, numpy_kernels, reference
+from ..backend import compiled_compensate, numpy_segment_topk, numpy_select, reference
 from .deft_partition import (Layer, assign_local_k, bin_pack, decode_bins, encode_bins, leader, my_part, split_large,
                              two_stage_partition)
 from .deft_selection import predicted_speedup, selection_cost
@@ -371,7 +371,7 @@ class Deft(Scheme):
                 idx = select_layers(acc, self.layers, ks, part, self._scratch, self._spans,  # Alg. 1 l.6 = Alg. 5
                                     self.select_kernel)
             else:  # Alg. 5 from the pass's candidates; a layer whose k they fall short of is read again
-                idx, short = compiled_segments.take_candidates(cands, ks)
+                idx, short = compiled_compensate.take_candidates(cands, ks)
                 self.last_reselected = int(short.sum())
                 if self.last_reselected:
                     again = select_layers(acc, self.layers, ks, part[short], self._scratch, self._spans)
@@ -405,31 +405,31 @@ class Deft(Scheme):
         (:meth:`CollectiveScheme.warm_up`)."""
         if self.xp is not np:
             return ()
-        if not compiled_segments.warm_up(numpy_kernels._segc_sizing(), backend.index_dtype(self.n)):
+        if not compiled_compensate.warm_up(numpy_segment_topk._segc_sizing(), backend.index_dtype(self.n)):
             return ()
         return ("compensate_norms", "segment_topk")
 
     def _compensate_norms(self, grad, part=None):
         """``(acc, norms, candidates)``: Alg. 1 l.5 and, where the compiled pass runs (residual error feedback
         on host float arrays, numba, ``MPISPARSE_FUSED`` not 0), the layer norms of ``acc`` found in the same
-        pass (:func:`mpisparse.backend.compiled_segments.compensate_norms`); otherwise ``norms`` is None and
+        pass (:func:`mpisparse.backend.compiled_compensate.compensate_norms`); otherwise ``norms`` is None and
         :func:`layer_norms` computes them in ``select``.
 
         ``part``: this step's layers of the rank, when known before the pass (fixed bins). With the native
         selection and a previous step's k to size the guess, the pass then also collects the candidates of
-        their top k (:func:`mpisparse.backend.compiled_segments.compensate_norms_candidates`); else, or when
+        their top k (:func:`mpisparse.backend.compiled_compensate.compensate_norms_candidates`); else, or when
         they would not fit, ``candidates`` is None.  The guess is the last step's k of each layer, a
         quarter more: the k of this step is known only after the pass (Alg. 3 reads every layer's norm)."""
         residual = self.fused_residual(grad)
         if residual is not None:
             if part is not None and self._prev_ks is not None and self.select_kernel == "native":
                 guess = self._prev_ks + (self._prev_ks + 3) // 4
-                got = compiled_segments.compensate_norms_candidates(
-                    residual, grad, *self._spans, part, guess, numpy_kernels._segc_sizing(),
-                    int(numpy_kernels._get_rng(None).integers(1 << 32)))
+                got = compiled_compensate.compensate_norms_candidates(
+                    residual, grad, *self._spans, part, guess, numpy_segment_topk._segc_sizing(),
+                    int(numpy_select._get_rng(None).integers(1 << 32)))
                 if got is not None:
                     return residual, got[0], got[1]
-            norms = compiled_segments.compensate_norms(residual, grad, *self._spans)
+            norms = compiled_compensate.compensate_norms(residual, grad, *self._spans)
             if norms is not None:
                 return residual, norms, None
         return self.memory.compensate(grad), None, None

@@ -82,7 +82,7 @@ from typing import Any
 import numpy as np
 
 from .. import backend
-from ..backend import numpy_kernels as nk
+from ..backend import numpy_select as nk
 from .memory import Memory, accumulate, restored, saved
 from .base import SchemeOption, SparseGatherScheme, k_for, register, scatter_sum
 

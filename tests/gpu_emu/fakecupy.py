@@ -1,7 +1,7 @@
 """A NumPy-backed stand-in for the part of CuPy that the GPU backend uses.
 
 Installed as ``sys.modules["cupy"]`` by the tests (never by the package), it
-lets :mod:`mpisparse.backend.cupy_kernels` run unchanged on a machine
+lets the CuPy kernels (:mod:`mpisparse.backend.cupy_kernels`) run unchanged on a machine
 without a GPU: arrays are NumPy arrays of a subclass that calls itself
 ``cupy.ndarray`` (so :func:`mpisparse.backend.array_module` dispatches to the
 CuPy kernels), and ``RawModule`` compiles the package's CUDA C sources with
@@ -295,13 +295,13 @@ def install(monkeypatch) -> types.ModuleType:
     """Make this emulator ``cupy`` for the duration of a test (pytest ``monkeypatch``)."""
     import sys
 
-    from mpisparse.backend import cupy_kernels as ck
+    from mpisparse.backend import cupy_launch, cupy_segments, cupy_select
 
     mod = as_cupy_module()
     monkeypatch.setitem(sys.modules, "cupy", mod)
-    monkeypatch.setattr(ck, "_modules", {})
-    monkeypatch.setattr(ck, "_sm_count", {})
-    monkeypatch.setattr(ck, "_cap_hint", {})
-    monkeypatch.setattr(ck, "_TILE_PLANS", {})
-    monkeypatch.setattr(ck, "_PASS_PLANS", {})
+    monkeypatch.setattr(cupy_launch, "_modules", {})
+    monkeypatch.setattr(cupy_launch, "_sm_count", {})
+    monkeypatch.setattr(cupy_select, "_cap_hint", {})
+    monkeypatch.setattr(cupy_segments, "_TILE_PLANS", {})
+    monkeypatch.setattr(cupy_select, "_PASS_PLANS", {})
     return mod

@@ -467,13 +467,13 @@ def as_cupy_module() -> types.ModuleType:
 
 
 def _clear_kernel_caches(setattr_) -> None:
-    from mpisparse.backend import cupy_kernels as ck
+    from mpisparse.backend import cupy_launch, cupy_segments, cupy_select
 
-    setattr_(ck, "_modules", {})
-    setattr_(ck, "_sm_count", {})
-    setattr_(ck, "_cap_hint", {})
-    setattr_(ck, "_TILE_PLANS", {})
-    setattr_(ck, "_PASS_PLANS", {})
+    setattr_(cupy_launch, "_modules", {})
+    setattr_(cupy_launch, "_sm_count", {})
+    setattr_(cupy_select, "_cap_hint", {})
+    setattr_(cupy_segments, "_TILE_PLANS", {})
+    setattr_(cupy_select, "_PASS_PLANS", {})
 
 
 def install(monkeypatch, kernels: str = "emu") -> types.ModuleType:

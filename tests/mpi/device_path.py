@@ -48,7 +48,7 @@ cupy = strictcupy.install_globally(os.environ.get("MPISPARSE_DEVICE_PATH_KERNELS
 
 from mpisparse import backend, runtimes
 from mpisparse.mpi import device  # noqa: E402
-from mpisparse.backend import numpy_kernels as nk  # noqa: E402
+from mpisparse.backend import numpy_select  # noqa: E402
 from mpisparse.mpi.comm import Communicator  # noqa: E402
 from mpisparse.config import BenchConfig, TrainConfig  # noqa: E402
 from mpisparse.schemes.base import CollectiveScheme  # noqa: E402
@@ -109,7 +109,7 @@ def run(what: str, key: str, mode: str, W: int):
     on_device = mode != "cpu"
     use_device(on_device)
     comm = Communicator(cuda_aware=(mode == "aware"))
-    nk._default_rng = np.random.default_rng(0)  # the sampled top-k's positions: the same in every run
+    numpy_select._default_rng = np.random.default_rng(0)  # the sampled top-k's positions: the same in every run
     strictcupy.reset_counts()
     dev = "cuda" if on_device else "cpu"
     RECORD = []

@@ -1,4 +1,4 @@
-// Scatter/gather helpers of the sparse exchanges (mpisparse/backend/cupy_kernels.py).
+// Scatter/gather helpers of the sparse exchanges (mpisparse/backend/cupy_scatter.py).
 //
 // * scatter_add_distinct_*  out[idx[i]] += vals[i] for indices distinct within
 //                           the launch (one rank's block of an Allgatherv): no

@@ -1,4 +1,4 @@
-// Segmented kernels of the CuPy backend (mpisparse/backend/cupy_kernels.py):
+// Segmented kernels of the CuPy backend (mpisparse/backend/cupy_segments.py):
 // many segments (layers) of one flat vector in one launch each.
 //
 // The host cuts every segment into *tiles* of at most a few thousand

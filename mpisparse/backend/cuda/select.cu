@@ -1,4 +1,4 @@
-// Selection kernels of the CuPy backend (mpisparse/backend/cupy_kernels.py).
+// Selection kernels of the CuPy backend (mpisparse/backend/cupy_select.py).
 //
 // * select_ge_*      threshold select with compaction, one fused pass:
 //                    compare |x| >= t, count, write indices (and values)
