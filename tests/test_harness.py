@@ -1,0 +1,38 @@
+"""The test harness itself (tests/conftest.py): a launcher that fails to start is relaunched once, and only then."""
+
+import subprocess
+
+import pytest
+
+import conftest
+
+
+def _proc(rc, stderr=""):
+    return subprocess.CompletedProcess(["mpiexec"], rc, stdout="", stderr=stderr)
+
+
+def test_launcher_failed_to_start_reads_the_launchers_message():
+    msg = "The PMIx server's listener thread failed to start. We cannot continue."
+    assert conftest.launcher_failed_to_start(_proc(213, msg))
+    assert not conftest.launcher_failed_to_start(_proc(0, msg))
+    assert not conftest.launcher_failed_to_start(_proc(1, "Traceback ... AssertionError"))
+
+
+@pytest.mark.parametrize("first, runs, ok", [
+    (_proc(213, "The PMIx server's listener thread failed to start."), 2, True),  # relaunched once
+    (_proc(1, "rank 1 raised"), 1, False),  # a rank's failure is the test's failure: not relaunched
+])
+def test_mpi_run_relaunches_only_a_launcher_that_failed_to_start(monkeypatch, first, runs, ok):
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append(argv)
+        return first if len(calls) == 1 else _proc(0)
+
+    monkeypatch.setattr(conftest.subprocess, "run", fake_run)
+    if ok:
+        assert conftest.mpi_run(2, ["x.py"]).returncode == 0
+    else:
+        with pytest.raises(AssertionError, match="MPI job failed"):
+            conftest.mpi_run(2, ["x.py"])
+    assert len(calls) == runs
