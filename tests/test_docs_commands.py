@@ -29,6 +29,8 @@ CLI_REFERENCE = "docs/cli.md"
 #: fenced blocks whose lines are shell commands (``console`` lines may carry a ``$ `` prompt)
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```", re.S | re.M)
+#: a backticked span of a page
+CODE = re.compile(r"`([^`\n]+)`")
 #: the tokens that end one command of a shell line
 SEPARATORS = {"&&", "||", ";", "|", "&"}
 #: programs that run ``mpisparse`` as (part of) their command
@@ -190,6 +192,37 @@ def test_every_documented_command_parses(cli, page, line, command, tmp_path, mon
         pytest.fail(f"{page}:{line}: `{command}` does not parse: {e.format_message()}")
 
 
+def inline_commands(page: Path) -> list[tuple[str, int, str]]:
+    """The commands in backticks in the page's prose that a reader can paste: with an option, no placeholder.
+
+    A bare name (`mpisparse jobs render`) names a command and is not checked; nor is a span with ``...`` or a
+    word in capitals (`-n W`, `ARGS`, `DIR/x.json`), which the reader fills in.
+    """
+    text = page.read_text(encoding="utf-8")
+    prose = FENCE.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+    found = []
+    for m in CODE.finditer(prose):
+        try:
+            cmds = mpisparse_commands(m.group(1))
+        except ValueError:
+            continue
+        for c in cmds:
+            args = shlex.split(c)[1:]
+            if not any(a.startswith("-") for a in args) or any(
+                    "..." in a or "\u2026" in a or "<" in a or re.search(r"\b[A-Z]{2,}\b|^[A-Z]$", a) for a in args):
+                continue
+            found.append((str(page.relative_to(ROOT)), prose.count("\n", 0, m.start()) + 1, c))
+    return found
+
+
+INLINE_COMMANDS = [c for page in PAGES if page.name != "cli.md" for c in inline_commands(page)]
+
+
+@pytest.mark.parametrize("page,line,command", INLINE_COMMANDS, ids=[f"{p}:{n}" for p, n, _ in INLINE_COMMANDS])
+def test_every_inline_command_parses(cli, page, line, command, tmp_path, monkeypatch):
+    test_every_documented_command_parses(cli, page, line, command, tmp_path, monkeypatch)
+
+
 def test_a_command_that_does_not_parse_is_found(cli):
     found = commands_of("```bash\nmpiexec -n 2 python -m mpisparse bench step --scheme topk \\\n  --iters 3 # x\n"
                         "pip install . && OMP_NUM_THREADS=1 mpisparse info > out.txt; cd mpisparse\n```\n"
@@ -206,8 +239,6 @@ def commands_of(markdown: str) -> list[str]:
     return [c for _, _, c in commands(page, markdown)]
 
 
-#: a backticked span of a page
-CODE = re.compile(r"`([^`\n]+)`")
 DOTTED = re.compile(r"(?<![\w.])mpisparse(?:\.[A-Za-z_]\w*)+")
 #: a path in the package: a file, a folder (trailing slash) or a glob
 FILE = re.compile(r"(?<![\w./-])mpisparse/[\w./*-]*[\w*/]")
@@ -268,5 +299,5 @@ def test_every_package_path_in_the_docs_exists(page, path):
 
 
 def test_there_are_commands_modules_and_paths_to_check():
-    assert len(DOC_COMMANDS) > 30 and len(DOTTED_PATHS) > 5 and len(FILE_PATHS) > 30
+    assert len(DOC_COMMANDS) > 30 and len(INLINE_COMMANDS) > 5 and len(DOTTED_PATHS) > 5 and len(FILE_PATHS) > 30
     assert {p for p, _, _ in DOC_COMMANDS} >= {"README.md", "docs/usage.md", "docs/cluster.md"}
