@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +158,41 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if FAULTS in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.faults)
+
+
+# --------------------------------------------------------------------------- the suite's time budget
+#: ``MPISPARSE_SUITE_BUDGET_S=S``: the run fails when the whole session took longer than S seconds
+#: (.ci/run sets it for the README's test command, so that drift shows when it starts, not at CI's limit)
+BUDGET_ENV = "MPISPARSE_SUITE_BUDGET_S"
+
+
+def suite_budget_verdict(elapsed: float, budget: str | None) -> str | None:
+    """None within the budget (or with none set); else the one line that fails the run."""
+    if not budget:
+        return None
+    limit = float(budget)
+    if elapsed <= limit:
+        return None
+    return (f"the suite took {elapsed:.0f} s, over its budget of {limit:.0f} s ({BUDGET_ENV}): "
+            f"find the new slow tests in the --durations list above")
+
+
+def pytest_sessionstart(session):
+    session.config._mpisparse_t0 = time.monotonic()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    t0 = getattr(session.config, "_mpisparse_t0", None)
+    if t0 is None:
+        return
+    verdict = suite_budget_verdict(time.monotonic() - t0, os.environ.get(BUDGET_ENV))
+    if verdict is not None:
+        session.config._mpisparse_budget_verdict = verdict
+        if session.exitstatus == 0:
+            session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    verdict = getattr(config, "_mpisparse_budget_verdict", None)
+    if verdict is not None:
+        terminalreporter.write_line(f"BUDGET EXCEEDED: {verdict}", red=True)

@@ -36,3 +36,11 @@ def test_mpi_run_relaunches_only_a_launcher_that_failed_to_start(monkeypatch, fi
         with pytest.raises(AssertionError, match="MPI job failed"):
             conftest.mpi_run(2, ["x.py"])
     assert len(calls) == runs
+
+
+def test_the_suite_budget_fails_only_past_its_limit():
+    assert conftest.suite_budget_verdict(500.0, None) is None
+    assert conftest.suite_budget_verdict(500.0, "") is None
+    assert conftest.suite_budget_verdict(500.0, "600") is None
+    line = conftest.suite_budget_verdict(601.4, "600")
+    assert "601 s" in line and "600 s" in line and conftest.BUDGET_ENV in line
