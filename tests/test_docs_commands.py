@@ -7,7 +7,7 @@
   ``bin/emucluster run N --``), environment assignments, redirections and comments are taken off first.
 * Every dotted path ``mpisparse.x.y`` in backticks imports (the longest importable module prefix, then
   attributes).
-* Every file path ``mpisparse/...`` in the docs exists.
+* Every repository path (``mpisparse/...``, ``tests/...``, ``bin/...``, ``docs/...``, ...) in the docs exists.
 
 Fast: one process, no MPI launch.
 """
@@ -240,8 +240,12 @@ def commands_of(markdown: str) -> list[str]:
 
 
 DOTTED = re.compile(r"(?<![\w.])mpisparse(?:\.[A-Za-z_]\w*)+")
-#: a path in the package: a file, a folder (trailing slash) or a glob
-FILE = re.compile(r"(?<![\w./-])mpisparse/[\w./*-]*[\w*/]")
+#: a path in the repository: a file, a folder (trailing slash) or a glob
+FILE = re.compile(r"(?<![\w./~$-])(?:mpisparse|tests|bin|examples|tools|jobs|docs)/[\w./*-]*[\w*/]")
+#: paths that are not the repository's, with the reason
+NOT_IN_THE_REPO = {
+    "bin/mpiexec": "the virtual environment's bin/, where the MPI wheels put mpiexec",
+}
 
 
 def dotted_paths() -> list[tuple[str, str]]:
@@ -255,7 +259,8 @@ def dotted_paths() -> list[tuple[str, str]]:
 def file_paths() -> list[tuple[str, str]]:
     found = set()
     for page in PAGES:
-        found |= {(str(page.relative_to(ROOT)), f) for f in FILE.findall(page.read_text(encoding="utf-8"))}
+        found |= {(str(page.relative_to(ROOT)), f) for f in FILE.findall(page.read_text(encoding="utf-8"))
+                  if f not in NOT_IN_THE_REPO}
     return sorted(found)
 
 
@@ -289,7 +294,7 @@ def test_every_dotted_path_in_the_docs_imports(page, dotted):
 
 
 @pytest.mark.parametrize("page,path", FILE_PATHS, ids=[f"{p}:{f}" for p, f in FILE_PATHS])
-def test_every_package_path_in_the_docs_exists(page, path):
+def test_every_repository_path_in_the_docs_exists(page, path):
     if re.search(r"\b[A-Z]{2,}\b", path):  # a file the page has the reader create (`schemes/NAME.py`): its folder
         path = path.rsplit("/", 1)[0]
     if "*" in path:
