@@ -122,7 +122,7 @@ except RuntimeError as e:
     assert 'no GPU/CuPy available' in str(e), e
 else:
     raise AssertionError('no error without CuPy')
-from mpisparse import device
+from mpisparse.mpi import device
 assert device.gpu_count() == 0 and device.gpu_names() == []
 print(len(names), 'modules imported without CuPy')
 """

@@ -15,7 +15,7 @@ from conftest import HERE
 
 SCRIPT = """
 import os, signal, subprocess, sys, time
-from mpisparse import signals
+from mpisparse.mpi import signals
 signals.install_early_usr1()   # as a train rank has it
 signals.ignore_late_usr1()     # as the CLI does when train returns
 subprocess.Popen([sys.executable, "-c", '''

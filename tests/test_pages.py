@@ -81,7 +81,7 @@ def test_warm_up_names_are_checked():
 
 _RSS_SCRIPT = """
 import numpy as np
-from mpisparse import pages
+from mpisparse.backend import pages
 from mpisparse.backend import compiled
 compiled.warm_up(["fused"])
 def resident():
