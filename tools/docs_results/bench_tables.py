@@ -185,7 +185,7 @@ def _fused_step_render(res: dict[str, Any], quick: bool) -> str:
             + "\n\ncompute = compensate + select + update (the work of the step on a rank, without the exchange). "
               "plain: `MPISPARSE_FUSED=0`, the NumPy steps; fused: the numba passes where a scheme uses them "
               "(`mpisparse/backend/fused.py`: topk, gtopk, the CLT-k leader, threshold, dgc's momentum pass and "
-              "dct's per-layer pass; `mpisparse/backend/compiled_segments.py`: deft's pass with the layer norms "
+              "dct's per-layer pass; `mpisparse/backend/compiled_compensate.py`: deft's pass with the layer norms "
               "and its own layers' candidates, then its pick; dense and randomk run the same code in both "
               "columns, so their difference is noise). floor (`--floor`): one `e += g` pass over the same length, both ranks at once after "
               "each step of the fused run, timed in the same job as the phases beside it: a pass reading the "
