@@ -26,8 +26,9 @@ __all__ = ["bench", "bench_exchange", "bench_overlap", "bench_scaling", "bench_s
 
 @click.group()
 def bench() -> None:
-    """Benchmarks: `step` (sparsified steps), `exchange` (collective patterns), `select` (kernels),
-    `scaling` (sweeps of W and density)."""
+    """Benchmarks: `step` (sparsified steps), `exchange` (collective patterns), `overlap` (exchange
+    overlapped with backward), `select` (kernels), `scaling` (sweeps of W and density), `model` (the
+    cost model, no MPI)."""
 
 
 # --------------------------------------------------------------------------- step
