@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -147,17 +149,90 @@ def mpirun():
 FAULTS = HERE / "faults"
 
 
-def pytest_collection_modifyitems(config, items):
-    """Every test under tests/faults/ carries the ``faults`` marker (``pytest -m faults`` runs only them).
+#: what in a test module's text says it runs MPI: a launch helper, a launcher, a CLI command on ``-n`` ranks or
+#: in a subprocess (a singleton MPI process), mpi4py itself, a communicator opened in the test's own process
+MPI_USE = re.compile(r"\b(mpi_run|rank_script|bench_step|mpiexec_prefix|find_mpiexec|open_comm)\(|\bmpi4py\b"
+                     r"|\bdef test_\w+\([^)]*\bmpirun\b|[\"']-n[\"']|[\"']-m[\"'],\s*[\"']mpisparse[\"']")
+#: what says it exercises the compiled loops or their plain NumPy fallback (numba installed or not)
+FALLBACK_USE = re.compile(r"\b(numba|compiled|fused|MPISPARSE_FUSED)\b")
 
-    The fault-injection suite runs each case the way a user meets it: real
-    subprocesses, real ``mpiexec``, real signals and real files, each case
-    bounded in time, asserting what must hold afterwards (exit code, the
-    one-line message, no process of the job left, files intact).
+
+def _module_text(path: Path, cache: dict = {}) -> str:  # noqa: B006 - a cache for the session
+    if path not in cache:
+        cache[path] = path.read_text()
+    return cache[path]
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers from where a test lives and what its module does.
+
+    - ``faults``: every test under tests/faults/ (``pytest -m faults`` runs only them). The
+      fault-injection suite runs each case the way a user meets it: real subprocesses, real
+      ``mpiexec``, real signals and real files, each case bounded in time, asserting what must hold
+      afterwards (exit code, the one-line message, no process of the job left, files intact).
+    - ``mpi``: every test of a module that runs MPI (:data:`MPI_USE`), besides the tests marked by
+      hand. The Open MPI pass of .ci/run runs these; a test that runs MPI without the marker fails
+      (:func:`_unmarked_tests_run_no_mpi`), so the pass cannot miss one.
+    - ``fallback``: every test of a module that exercises the compiled loops or their NumPy fallback
+      (:data:`FALLBACK_USE`): the Open MPI pass, which has no numba, runs these too.
     """
     for item in items:
-        if FAULTS in Path(str(item.fspath)).parents:
+        path = Path(str(item.fspath))
+        if FAULTS in path.parents:
             item.add_marker(pytest.mark.faults)
+        text = _module_text(path)
+        if MPI_USE.search(text) and item.get_closest_marker("mpi") is None:
+            item.add_marker(pytest.mark.mpi)
+        if FALLBACK_USE.search(text):
+            item.add_marker(pytest.mark.fallback)
+
+
+#: the mpiexec an unmarked test gets (:func:`_unmarked_tests_run_no_mpi`): it answers a launcher's
+#: queries (``--version`` and the like) with the real one and refuses to start a job
+_GUARD = """#!/bin/sh
+case "$1" in --version|-V|-v|--help|-h|-info|--info) exec "{real}" "$@";; esac
+echo "tests: $PYTEST_CURRENT_TEST launches MPI but is not marked mpi (tests/conftest.py MPI_USE)" >&2
+exit 97
+"""
+
+
+@pytest.fixture(scope="session")
+def _guard_mpiexec(tmp_path_factory) -> str:
+    try:
+        real = find_mpiexec()
+    except RuntimeError:  # no MPI here: the unit tests still run
+        real = "mpiexec"
+    path = tmp_path_factory.mktemp("guard") / "mpiexec"
+    path.write_text(_GUARD.format(real=real))
+    path.chmod(0o755)
+    return str(path)
+
+
+MPI_MODULE = "mpi4py.MPI"
+
+
+class _NoMPI(types.ModuleType):
+    """``mpi4py.MPI`` for an unmarked test: any use of it fails the test, naming it."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # introspection (inspect, pickle) asks for dunders of every module
+            raise AttributeError(name)
+        raise RuntimeError(f"{os.environ.get('PYTEST_CURRENT_TEST', 'a test')} uses MPI in the test process but "
+                           "is not marked mpi (tests/conftest.py MPI_USE)")
+
+
+@pytest.fixture(autouse=True)
+def _unmarked_tests_run_no_mpi(request, monkeypatch, _guard_mpiexec):
+    """A test without the ``mpi`` marker runs no MPI: its launches meet a guard that refuses them, its
+    subprocesses do not initialise MPI (``MPI4PY_RC_INITIALIZE=0``: their first MPI call fails), and in
+    this process ``mpi4py.MPI``, if not imported yet, is a stand-in that fails on use. So every test that
+    runs MPI is marked, and the Open MPI pass (``-m mpi``) misses none."""
+    if request.node.get_closest_marker("mpi") is None:
+        monkeypatch.setenv("MPISPARSE_MPIEXEC", _guard_mpiexec)
+        monkeypatch.setenv("MPI4PY_RC_INITIALIZE", "0")
+        if MPI_MODULE not in sys.modules:
+            monkeypatch.setitem(sys.modules, MPI_MODULE, _NoMPI(MPI_MODULE))
+    yield
 
 
 # --------------------------------------------------------------------------- the suite's time budget

@@ -284,6 +284,7 @@ def test_a_measured_floor_predicts_its_point_at_that_moment_and_leaves_the_link(
     assert "at the floor ms" in text and "3.00" in text
 
 
+@pytest.mark.mpi  # its provenance reads the MPI library in this process
 def test_bench_model_cli_validates_against_measured_steps(tmp_path):
     """The command end to end: predictions, crossover, a validation row per measured step, JSON, CSV, plot."""
     pytest.importorskip("matplotlib")

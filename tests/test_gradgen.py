@@ -65,6 +65,7 @@ def test_pool_size_out_of_range_is_refused(size):
         SyntheticGradients(lay, 0, pool_size=size)
 
 
+@pytest.mark.mpi  # a singleton MPI process
 def test_bench_step_path_imports_no_torch():
     """``bench step`` on synthetic gradients runs without torch in the process (about 190 MB per rank)."""
     code = ("import sys\n"

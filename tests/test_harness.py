@@ -44,3 +44,17 @@ def test_the_suite_budget_fails_only_past_its_limit():
     assert conftest.suite_budget_verdict(500.0, "600") is None
     line = conftest.suite_budget_verdict(601.4, "600")
     assert "601 s" in line and "600 s" in line and conftest.BUDGET_ENV in line
+
+
+@pytest.mark.parametrize("text, runs_mpi", [
+    ('mpi_run(2, [script])', True),
+    ('rank_script("comm", 3)', True),
+    ('invoke("train", "-n", "2")', True),
+    ('[sys.executable, "-m", "mpisparse", "train"]', True),
+    ('from mpi4py import MPI', True),
+    ('def test_x(tmp_path, mpirun):', True),
+    ('"""strips mpiexec -n N and srun prefixes"""', False),
+    ('np.random.default_rng(0)', False),
+])
+def test_what_marks_a_module_mpi(text, runs_mpi):
+    assert bool(conftest.MPI_USE.search(text)) is runs_mpi
