@@ -80,7 +80,7 @@ def _hierarchical(cls: type[SchemeBase], on: bool) -> None:
                          f"Allreduce/Bcast/Allgatherv); allowed: {ok}")
 
 
-def _str_or_none(flag: str, path: str | None) -> None:
+def _path_or_none(flag: str, path: str | None) -> None:
     if path is not None and (not isinstance(path, str) or not path):
         raise ValueError(f"{flag} is {path!r}; allowed: a file path")
 
@@ -188,7 +188,7 @@ class TrainConfig:
         _bool("--diagnostics", self.diagnostics)
         _bool("--check-collectives", self.check_collectives)
         _hierarchical(cls, self.hierarchical)
-        _str_or_none("--trace", self.trace)
+        _path_or_none("--trace", self.trace)
         _optional_bool("--cuda-aware", self.cuda_aware)
         _int("--max-skipped-steps", self.max_skipped_steps, 0)
         if self.resume and not self.checkpoint:
@@ -272,7 +272,7 @@ class BenchConfig:
         _bool("--diagnostics", self.diagnostics)
         _bool("--check-collectives", self.check_collectives)
         _hierarchical(cls, self.hierarchical)
-        _str_or_none("--trace", self.trace)
+        _path_or_none("--trace", self.trace)
         _optional_bool("--cuda-aware", self.cuda_aware)
         if not isinstance(self.rss_at, (list, tuple)) or not all(
                 isinstance(s, int) and not isinstance(s, bool) and 1 <= s <= self.warmup + self.iters

@@ -8,6 +8,7 @@ leave the other ranks waiting when one raises).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -44,11 +45,11 @@ def mpi_run(n: int, args: list[str], *, module: bool = False, timeout: int = MPI
     # a script's own folder replaces the working directory on sys.path: name the checkout explicitly
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), full_env.get("PYTHONPATH")) if p)
     full_env.pop("PMI_RANK", None)
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
-                          cwd=HERE.parent)
-    if launcher_failed_to_start(proc):  # the launcher's own failure, before any rank ran: once more
+    for _ in range(2):  # the launcher's own failure, before any rank ran, is launched once more
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
                               cwd=HERE.parent)
+        if not launcher_failed_to_start(proc):
+            break
     if check and proc.returncode != 0:
         raise AssertionError(f"MPI job failed ({proc.returncode}): {' '.join(argv)}\n"
                              f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
@@ -157,10 +158,9 @@ MPI_USE = re.compile(r"\b(mpi_run|rank_script|bench_step|mpiexec_prefix|find_mpi
 FALLBACK_USE = re.compile(r"\b(numba|compiled|fused|MPISPARSE_FUSED)\b")
 
 
-def _module_text(path: Path, cache: dict = {}) -> str:  # noqa: B006 - a cache for the session
-    if path not in cache:
-        cache[path] = path.read_text()
-    return cache[path]
+@functools.lru_cache(maxsize=None)
+def _module_text(path: Path) -> str:
+    return path.read_text()
 
 
 def pytest_collection_modifyitems(config, items):
