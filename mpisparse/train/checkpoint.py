@@ -24,15 +24,22 @@ file that names code to run (a planted pickle) or cannot be read is an
 error naming the file (:class:`CheckpointError`); nothing in it runs.
 
 A step directory without ``LATEST`` pointing at it (a save killed half-way)
-and ``*.tmp`` files are removed at the next start (:func:`clean`).
+and ``*.tmp`` files are removed at the next start (:func:`clean`).  A save
+that fails with an OS error (a full device: ENOSPC, a quota, an I/O error)
+is undone at once: the ranks agree, rank 0 removes the step directory, and
+every rank raises :class:`CheckpointSaveError`, one line naming the file and
+the reason; ``LATEST`` still names the previous complete checkpoint.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
 import pickle
 import re
 import shutil
+import time
 import warnings
 from collections import OrderedDict
 from pathlib import Path
@@ -41,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["CheckpointError", "LATEST", "clean", "decode", "encode", "exists", "load", "read", "save"]
+__all__ = ["CheckpointError", "CheckpointSaveError", "LATEST", "clean", "decode", "encode", "exists", "load", "read", "save"]
 
 LATEST = "LATEST"
 
@@ -124,42 +131,120 @@ def read(path: str | os.PathLike) -> Any:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
+    """``obj`` as data in ``path``: serialized in memory first, so that a write error is the OS's own
+    (``OSError`` with its errno, e.g. ENOSPC), not the archive writer's "unexpected pos"; then written
+    to a temporary name, flushed, ``fsync``ed and renamed."""
+    buf = io.BytesIO()
+    torch.save(encode(obj), buf)
+    _atomic_write_bytes(path, buf.getbuffer())
+
+
+def _atomic_write_bytes(path: Path, data) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    data = encode(obj)
     with open(tmp, "wb") as f:
-        torch.save(data, f)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _atomic_write_bytes(path, text.encode())
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (a full device, a quota, an I/O error): one line naming the file
+    and the OS's reason; the half-written step directory is already removed (``errno`` is the OS's)."""
+
+    def __init__(self, errno_: int | None, message: str):
+        super().__init__(errno_, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+#: how an OS error of a save is named in its one line
+_REASONS = {errno.ENOSPC: "no space left on the device: it is full (ENOSPC)",
+            getattr(errno, "EDQUOT", -1): "the disk quota is exceeded (EDQUOT)"}
+
+
+def _attempt(path: Path, write) -> tuple[str, int | None, str] | None:
+    """Run ``write()``; None, or ``(path, errno, reason)`` of the OS error it raised."""
+    try:
+        write()
+    except OSError as e:
+        code = e.errno
+        reason = _REASONS.get(code) or (f"{e.strerror or e} ({errno.errorcode.get(code, code)})" if code
+                                        else str(e))
+        return str(path), code, reason
+    return None
+
+
+def _agree(comm, failure):
+    """Every rank's failure (None where its part was written), on every rank: the save's barriers."""
+    if comm.size == 1:
+        return [failure]
+    return comm.allgather_obj(failure)
+
+
+def _abandon(root: Path, target: Path, comm, failures: list) -> None:
+    """Collective end of a failed save: rank 0 removes the step directory and the temporary files at once
+    (``LATEST`` was not moved, so it still names the previous complete checkpoint); every rank raises
+    :class:`CheckpointSaveError` naming the first failed file, rank 0 at once, the others a moment later
+    (under the CLI rank 0's report ends the job before: one line)."""
+    rank, (path, code, reason) = next((r, f) for r, f in enumerate(failures) if f is not None)
+    if comm.rank == 0:
+        shutil.rmtree(target, ignore_errors=True)
+        for tmp in root.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)
+    try:
+        latest = (root / LATEST).read_text().strip()
+        kept = f"{LATEST} still names the previous checkpoint {latest} (free space, then continue with --resume)"
+    except OSError:
+        kept = f"there is no earlier checkpoint ({LATEST} was never written)"
+    who = f" (rank {rank})" if comm.size > 1 else ""
+    message = (f"checkpoint file {path} could not be written{who}: {reason}; the incomplete checkpoint "
+               f"{target} was removed, {kept}")
+    if comm.rank != 0:
+        time.sleep(3.0)
+    raise CheckpointSaveError(code, message)
 
 
 def save(directory: str | os.PathLike, comm, tag: int, common: dict[str, Any], per_rank: dict[str, Any]) -> Path:
-    """Collective: every rank writes its part; rank 0 then moves ``LATEST``."""
+    """Collective: every rank writes its part; rank 0 then moves ``LATEST``.
+
+    A part that cannot be written (an ``OSError``: a full device, a quota) ends the save on every rank
+    with :class:`CheckpointSaveError` once the ranks agree: the step directory is removed at once and
+    ``LATEST`` keeps naming the previous complete checkpoint.
+    """
     root = Path(directory)
     name = f"step-{tag:09d}"
     target = root / name
+    failure = None
     if comm.rank == 0:
-        target.mkdir(parents=True, exist_ok=True)
-    comm.barrier()
-    _atomic_save(per_rank, target / f"rank-{comm.rank}.pt")
+        failure = _attempt(target, lambda: target.mkdir(parents=True, exist_ok=True))
+    failures = _agree(comm, failure)
+    if any(failures):
+        _abandon(root, target, comm, failures)
+    mine = target / f"rank-{comm.rank}.pt"
+    failure = _attempt(mine, lambda: _atomic_save(per_rank, mine))
+    if comm.rank == 0 and failure is None:
+        failure = _attempt(target / "common.pt",
+                           lambda: _atomic_save({**common, "world_size": comm.size}, target / "common.pt"))
+    failures = _agree(comm, failure)  # every part is on disk before LATEST may point here
+    if any(failures):
+        _abandon(root, target, comm, failures)
+    failure = None
     if comm.rank == 0:
-        _atomic_save({**common, "world_size": comm.size}, target / "common.pt")
-    comm.barrier()  # every part is on disk before LATEST may point here
-    if comm.rank == 0:
-        _atomic_write_text(root / LATEST, name)
-        for old in root.glob("step-*"):
-            if old.name != name and old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-    comm.barrier()
+        failure = _attempt(root / LATEST, lambda: _atomic_write_text(root / LATEST, name))
+        if failure is None:
+            for old in root.glob("step-*"):
+                if old.name != name and old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
+    failures = _agree(comm, failure)
+    if any(failures):
+        _abandon(root, target, comm, failures)
     return target
 
 
