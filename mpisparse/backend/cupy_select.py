@@ -56,6 +56,7 @@ import math
 import numpy as np
 
 from . import index_dtype  # the one place the index width is decided
+from . import cupy_graph as _graph
 from . import numpy_select as _nk
 from .cupy_launch import (BLOCK, KTH_THREADS, VILP, _NULL, _as_1d_float, _check_scratch, _cupy, _grid, _in,
                           _kernel, _key_dtype, _tn, _work)
@@ -121,41 +122,73 @@ def _kth(keys, dtype, need: int, found, *, kth_out=None, n_ptr=None, cap: int = 
 # --------------------------------------------------------------------------
 
 
-def _select_ge(x, t, values: bool):
+def _select_ws(w, idt, values: bool):
+    """The threshold select's workspace for ``w``'s shape: counter, threshold slot, outputs."""
     cp = _cupy()
+    n = w.shape[0]
+
+    def build(ws):
+        ws.counter = cp.zeros(1, dtype=np.uint64)
+        ws.t = cp.zeros(1, dtype=w.dtype)  # the threshold, read by the pass (a graph holds its address)
+        ws.t_bits = None
+        ws.cap = 0
+        _outputs(ws, min(n, _cap_hint.get(n, max(4096, n // 64))), w.dtype, idt, values)
+
+    return _graph.workspace(("select_ge", _graph.device_of(w), n, w.dtype.char, np.dtype(idt).char, values),
+                            build)
+
+
+def _outputs(ws, cap: int, dtype, idt, values: bool) -> None:
+    """New output buffers of ``cap`` entries (a graph holds the old ones: forgotten)."""
+    cp = _cupy()
+    ws.cap = cap
+    ws.idx = cp.empty(cap, dtype=idt)
+    ws.vals = cp.empty(cap, dtype=dtype) if values else None
+    ws.drop_graphs()
+
+
+def _select_ge(x, t, values: bool, reuse: bool = False):
     n = x.shape[0]
     idt = index_dtype(n)
     tc = _nk._ceil_to_dtype(t, x.dtype)  # exact comparison, as the NumPy kernel
     w = _work(x)
     tw = w.dtype.type(tc)  # float16 -> float32 is exact
     kern, grid = _pass(w, idt, keys=False)
-    cap = min(n, _cap_hint.get(n, max(4096, n // 64)))
-    counter = cp.zeros(1, dtype=np.uint64)
+    ws = _select_ws(w, idt, values)
+    bits = np.asarray(tw).tobytes()
+    if ws.t_bits != bits:  # a new threshold: one fill launch, no host-to-device copy
+        ws.t.fill(tw)
+        ws.t_bits = bits
     for attempt in range(2):
-        idx = cp.empty(cap, dtype=idt)
-        vals = cp.empty(cap, dtype=w.dtype) if values else None
-        if attempt:
+        cap, idx, vals, counter = ws.cap, ws.idx, ws.vals, ws.counter
+
+        def launch():
             counter.fill(0)
-        kern(grid, (BLOCK,), (w, np.int64(n), tw, _NULL, idx, _NULL if vals is None else vals, counter,
-                              np.uint64(cap)))
-        c = int(counter.get()[0])  # the one device-to-host read
+            kern(grid, (BLOCK,), (w, np.int64(n), w.dtype.type(0), ws.t, idx, _NULL if vals is None else vals,
+                                  counter, np.uint64(cap)))
+
+        _graph.run(ws, _graph.address(w), launch)
+        c = int(counter.get()[0])  # the one device-to-host read: the result's size
         if c <= cap:
             break
-        cap = c  # exact now
+        _outputs(ws, min(n, max(c + c // 4 + 1024, 2 * cap)), w.dtype, idt, values)  # outgrown: run again
     _cap_hint[n] = min(n, int(c * 1.25) + 1024)
-    idx = idx[:c]
+    idx = ws.idx[:c] if reuse else ws.idx[:c].copy()
     if values:
-        v = vals[:c] if x.dtype == w.dtype else x[idx]
-        return idx, v
+        if x.dtype != w.dtype:
+            return idx, x[idx]
+        return idx, ws.vals[:c] if reuse else ws.vals[:c].copy()
     return idx, None
 
 
-def threshold_select(x, t, *, scratch=None):
+def threshold_select(x, t, *, scratch=None, reuse: bool = False):
     """Indices ``i`` with ``|x[i]| >= t``, in no particular order (one fused pass).
 
     ``t`` is compared exactly (rounded *up* to ``x``'s dtype); ``t <= 0``
     selects every non-NaN entry, ``t`` NaN nothing.  ``scratch`` is accepted
-    for API parity and not needed.
+    for API parity and not needed.  ``reuse=True`` returns a view of the
+    call's workspace (no allocation; overwritten by the next call of the
+    same size), else a copy of it.
     """
     cp = _cupy()
     x = _as_1d_float(x)
@@ -163,17 +196,17 @@ def threshold_select(x, t, *, scratch=None):
     _check_scratch(x, scratch)
     if n == 0:
         return cp.empty(0, dtype=index_dtype(n))
-    return _select_ge(x, t, values=False)[0]
+    return _select_ge(x, t, values=False, reuse=reuse)[0]
 
 
-def threshold_select_values(x, t):
+def threshold_select_values(x, t, *, reuse: bool = False):
     """``(indices, values)`` of the entries with ``|x| >= t``, written in the same single pass."""
     cp = _cupy()
     x = _as_1d_float(x)
     n = x.shape[0]
     if n == 0:
         return cp.empty(0, dtype=index_dtype(n)), cp.empty(0, dtype=x.dtype)
-    return _select_ge(x, t, values=True)
+    return _select_ge(x, t, values=True, reuse=reuse)
 
 
 # --------------------------------------------------------------------------
@@ -250,38 +283,72 @@ def _radix_topk(w, k: int, idt):
     return out
 
 
-def _sampled_topk(w, k: int, idt, rng):
-    """Sampled threshold, one candidate pass, the exact k-th candidate: one device-to-host read."""
+def _sample_ws(w, k: int, idt):
+    """The sampled top-k's workspace for ``w``'s shape and ``k``: sample, counters, candidates, output."""
     cp = _cupy()
     n = w.shape[0]
-    m, r = _nk.sample_plan(n, k)  # the NumPy kernel's sample sizing
+    kdt = _key_dtype(w.dtype)
+
+    def build(ws):
+        ws.m, ws.r = _nk.sample_plan(n, k)  # the NumPy kernel's sample sizing
+        ws.samp = cp.empty(ws.m, dtype=kdt)
+        ws.found = cp.empty(6, dtype=np.uint64)  # [0:3] the sample's r-th key, [3:6] the candidates' k-th
+        ws.found_r, ws.found_k = ws.found[:3], ws.found[3:]
+        ws.t_key = cp.empty(1, dtype=kdt)
+        ws.counts = cp.zeros(3, dtype=np.uint64)  # candidates, above the k-th, equal to it
+        ws.n_cand, ws.taken = ws.counts[:1], ws.counts[1:]
+        ws.out = cp.empty(k, dtype=idt)
+        ws.cap = 0
+
+    ws = _graph.workspace(("topk_sample", _graph.device_of(w), n, k, w.dtype.char, np.dtype(idt).char), build)
+    return ws
+
+
+def _sampled_topk(w, k: int, idt, rng, reuse: bool = False):
+    """Sampled threshold, one candidate pass, the exact k-th candidate: one device-to-host read.
+
+    The launches of an attempt run on the shape's workspace and, from the
+    second call on the same input, as one replayed CUDA graph
+    (:mod:`.cupy_graph`); the sample's rank ``r`` that worked is kept for the
+    next call.
+    """
+    cp = _cupy()
+    n = w.shape[0]
     tn, inn, kdt = _tn(w.dtype), _in(idt), _key_dtype(w.dtype)
-    seed = np.uint64(int(rng.integers(0, 2**63)))
-    samp = cp.empty(m, dtype=kdt)
-    _kernel("select.cu", f"sample_keys_{tn}")(_grid(m), (BLOCK,), (w, np.int64(n), seed, np.int64(m), samp))
+    ws = _sample_ws(w, k, idt)
+    sample = _kernel("select.cu", f"sample_keys_{tn}")
     kern, grid = _pass(w, idt, keys=True)
     take = _kernel("select.cu", f"take_top_{tn}_{inn}")
-    found = cp.empty(6, dtype=np.uint64)  # [0:3] the sample's r-th key, [3:6] the candidates' k-th
-    t_key = cp.empty(1, dtype=kdt)
-    counts = cp.zeros(3, dtype=np.uint64)  # candidates, above the k-th, equal to it
+    r = ws.r
     for attempt in range(MAX_RETRIES):
-        if r >= m:
+        if r >= ws.m:
             break
-        _kth(samp, w.dtype, r, found[:3], kth_out=t_key)  # threshold: the r-th largest sampled key
-        cap = min(n, int(math.ceil(2.0 * r * n / m)) + 4096)
-        cand_idx, cand_key = cp.empty(cap, dtype=idt), cp.empty(cap, dtype=kdt)
-        out = cp.empty(k, dtype=idt)
-        if attempt:
-            counts.fill(0)
-        kern(grid, (BLOCK,), (w, np.int64(n), t_key, cand_idx, cand_key, counts, np.uint64(cap)))
-        _kth(cand_key, w.dtype, k, found[3:], n_ptr=counts, cap=cap)  # the k-th largest candidate
-        take(_grid(cap), (BLOCK,), (cand_key, cand_idx, counts, np.uint64(cap), found[3:], np.uint64(k), out,
-                                    counts[1:]))
-        c = int(counts[:1].get()[0])  # the one device-to-host read: the candidates' count
+        if r != ws.r:  # a rank that works for this input: start there next time
+            ws.r = r
+            ws.drop_graphs()
+        cap = min(n, int(math.ceil(2.0 * r * n / ws.m)) + 4096)
+        if ws.cap < cap:  # candidate buffers for this rank (a graph holds the old ones)
+            ws.cap = cap
+            ws.cand_idx, ws.cand_key = cp.empty(cap, dtype=idt), cp.empty(cap, dtype=kdt)
+            ws.drop_graphs()
+        seed = np.uint64(int(rng.integers(0, 2**63)))  # a replayed graph keeps its capture's seed: speed only
+        cap, m, ci, ck = ws.cap, ws.m, ws.cand_idx, ws.cand_key
+
+        def launch():
+            sample(_grid(m), (BLOCK,), (w, np.int64(n), seed, np.int64(m), ws.samp))
+            ws.counts.fill(0)
+            _kth(ws.samp, w.dtype, r, ws.found_r, kth_out=ws.t_key)  # threshold: the r-th largest sampled key
+            kern(grid, (BLOCK,), (w, np.int64(n), ws.t_key, ci, ck, ws.counts, np.uint64(cap)))
+            _kth(ck, w.dtype, k, ws.found_k, n_ptr=ws.counts, cap=cap)  # the k-th largest candidate
+            take(_grid(cap), (BLOCK,), (ck, ci, ws.counts, np.uint64(cap), ws.found_k, np.uint64(k), ws.out,
+                                        ws.taken))
+
+        _graph.run(ws, _graph.address(w), launch)
+        c = int(ws.n_cand.get()[0])  # the one device-to-host read: the candidates' count
         if c > cap:  # threshold far too low (mostly-equal or zero input): radix from x
             break
         if c >= k:
-            return out
+            return ws.out if reuse else ws.out.copy()
         r = _nk.lowered_rank(r, k, c)  # too few: lower the threshold
     return _radix_topk(w, k, idt)
 
@@ -312,13 +379,15 @@ def auto_method(n: int, k: int) -> str:
     return "radix"
 
 
-def topk_abs(x, k, *, scratch=None, rng=None, method: str = "auto"):
+def topk_abs(x, k, *, scratch=None, rng=None, method: str = "auto", reuse: bool = False):
     """Exact top-k by magnitude: exactly ``k`` distinct indices, any order.
 
     ``method``: ``"auto"`` (:func:`auto_method`: the :data:`AUTO_TABLE` band
     of ``n`` and ``k / n``), ``"sample"`` or ``"radix"``; all return the
     same value set.  ``rng`` (a ``np.random.Generator``, a seed, or ``None``)
-    drives the sample and only affects speed.
+    drives the sample and only affects speed.  ``reuse=True``: the sampled
+    path returns its workspace's output (no allocation; overwritten by the
+    next call of the same ``n`` and ``k``), else a copy.
     """
     cp = _cupy()
     x = _as_1d_float(x)
@@ -337,7 +406,7 @@ def topk_abs(x, k, *, scratch=None, rng=None, method: str = "auto"):
         method = auto_method(n, k)
     if method == "radix":
         return _radix_topk(w, k, idt)
-    return _sampled_topk(w, k, idt, _nk._get_rng(rng))
+    return _sampled_topk(w, k, idt, _nk._get_rng(rng), reuse)
 
 
 

@@ -12,6 +12,17 @@ argument against the kernel's parameter (pointer or scalar, and the scalar's
 byte size), as a real launch would silently misread them.  ``empty`` fills
 with a poison byte pattern, so reading memory no kernel wrote shows up.
 
+Streams and CUDA graphs are emulated as CuPy has them
+(``cuda.Stream(non_blocking=True)``, ``with stream:``, ``begin_capture``,
+``end_capture`` returning a graph whose ``launch(stream)`` replays it):
+while a stream captures, kernel launches and ``fill`` are recorded, not run
+-- each launch's arguments marshalled at capture time, device addresses and
+scalars as a real graph holds them -- and a read back, an element
+assignment or an allocation raises, as they would break (or escape) a real
+capture.  ``CAPTURE["supported"] = False`` makes ``begin_capture`` fail (a
+platform without capture).  Every allocation of device memory is counted
+(:data:`ALLOCS`, :func:`reset_allocations`).
+
 Only what the backend needs is here; anything else raises AttributeError.
 """
 
@@ -19,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -38,8 +50,53 @@ def compiler_available() -> bool:
     return shutil.which(os.environ.get("CXX", "g++")) is not None
 
 
+#: device allocations since the last :func:`reset_allocations` (both emulators count here)
+ALLOCS = {"count": 0, "bytes": 0}
+#: ``supported`` False: ``Stream.begin_capture`` raises (a platform without stream capture)
+CAPTURE = {"supported": True}
+
+
+def reset_allocations() -> None:
+    ALLOCS["count"] = ALLOCS["bytes"] = 0
+
+
+def count_allocation(nbytes: int) -> None:
+    if capturing() is not None:
+        raise RuntimeError("emu: an allocation inside a stream capture (a graph must not own temporaries: "
+                           "allocate the workspace before capturing)")
+    ALLOCS["count"] += 1
+    ALLOCS["bytes"] += int(nbytes)
+
+
+def refuse_in_capture(what: str) -> None:
+    if capturing() is not None:
+        raise RuntimeError(f"emu: {what} while the current stream is capturing (CUDA: operation not "
+                           "permitted when stream is capturing)")
+
+
+def enqueue(op) -> None:
+    """Run ``op`` now, or record it in the capture of the current stream."""
+    s = capturing()
+    if s is None:
+        op()
+    else:
+        s._ops.append(op)
+
+
 class ndarray(np.ndarray):
     """A host array presenting itself as a CuPy device array."""
+
+    def __array_finalize__(self, obj):
+        if self.base is None and obj is not None:  # fresh memory (a copy, a fancy index, an ufunc's result)
+            count_allocation(self.nbytes)
+
+    def fill(self, value):
+        base = self.view(np.ndarray)
+        enqueue(lambda: np.ndarray.fill(base, value))
+
+    def __setitem__(self, key, value):
+        refuse_in_capture("an element assignment")
+        super().__setitem__(key, value)
 
     @property
     def __cuda_array_interface__(self):
@@ -47,6 +104,7 @@ class ndarray(np.ndarray):
                 "version": 3, "strides": None if self.flags.c_contiguous else self.strides, "stream": None}
 
     def get(self, stream=None, out=None, blocking=True):
+        refuse_in_capture("a device-to-host copy")
         if out is None:
             return np.array(self, copy=True).view(np.ndarray)
         out[...] = self
@@ -61,6 +119,8 @@ ndarray.__name__ = ndarray.__qualname__ = "ndarray"
 
 
 def _dev(a) -> ndarray:
+    if a.base is None and not isinstance(a, ndarray):
+        count_allocation(a.nbytes)
     return a.view(ndarray)
 
 
@@ -149,9 +209,79 @@ class _Device:
         pass
 
 
-class _Stream:
+_stream_ptrs = itertools.count(0x1000)
+
+
+class Stream:
+    """A CUDA stream as CuPy has it: current inside ``with``, capturing between begin and end_capture."""
+
+    null = None
+
+    def __init__(self, null=False, non_blocking=False, ptds=False):
+        self.ptr = 0 if null else next(_stream_ptrs)
+        self.device_id = -1 if null else 0
+        self._ops = None
+
+    def __enter__(self):
+        _CURRENT.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _CURRENT.pop()
+        return False
+
     def synchronize(self):
+        if self._ops is not None:
+            raise RuntimeError("emu: synchronize on a capturing stream")
+
+    def begin_capture(self, mode=None):
+        if not CAPTURE["supported"]:
+            raise RuntimeError("emu: stream capture is not supported here (fakecupy.CAPTURE)")
+        if self.ptr in (0, 1):
+            raise RuntimeError("cannot capture on the default (legacy) stream")
+        if self._ops is not None:
+            raise RuntimeError("emu: the stream is already capturing")
+        self._ops = []
+
+    def end_capture(self):
+        if self._ops is None:
+            raise RuntimeError("emu: the stream is not capturing")
+        ops, self._ops = self._ops, None
+        return Graph(ops)
+
+    def is_capturing(self):
+        return self._ops is not None
+
+
+class Graph:
+    """A captured sequence; ``launch`` replays it (each launch with the arguments it had at capture)."""
+
+    def __init__(self, ops):
+        self._ops = list(ops)
+        self.launches = 0
+
+    def launch(self, stream=None):
+        refuse_in_capture("a graph launch")
+        for op in self._ops:
+            op()
+        self.launches += 1
+
+    def upload(self, stream=None):
         pass
+
+
+Stream.null = Stream(null=True)
+_CURRENT: list[Stream] = [Stream.null]
+
+
+def get_current_stream() -> Stream:
+    return _CURRENT[-1]
+
+
+def capturing() -> Stream | None:
+    """The current stream when it is capturing, else None."""
+    s = _CURRENT[-1]
+    return s if s._ops is not None else None
 
 
 class _Runtime:
@@ -172,8 +302,9 @@ def _alloc_pinned_memory(nbytes):
     return bytearray(nbytes)
 
 
-cuda = types.SimpleNamespace(runtime=_Runtime(), Device=_Device, get_current_stream=lambda: _Stream(),
-                             alloc_pinned_memory=_alloc_pinned_memory)
+cuda = types.SimpleNamespace(runtime=_Runtime(), Device=_Device, get_current_stream=get_current_stream,
+                             alloc_pinned_memory=_alloc_pinned_memory, Stream=Stream, Graph=Graph,
+                             graph=types.SimpleNamespace(Graph=Graph))
 
 
 # --------------------------------------------------------------------------- RawModule
@@ -265,8 +396,12 @@ class RawKernel:
                                 "NumPy scalars (CuPy would guess the C type of a Python scalar)")
         argv = (ctypes.c_void_p * max(1, len(slots)))(*slots)
         g, b = (grid[0] if isinstance(grid, tuple) else grid), (block[0] if isinstance(block, tuple) else block)
-        self._launch(ctypes.c_uint(int(g)), ctypes.c_uint(int(b)), argv)
-        self.launches += 1
+
+        def run(keep=keep):  # the arguments as marshalled now: addresses and scalar values (a graph's node)
+            self._launch(ctypes.c_uint(int(g)), ctypes.c_uint(int(b)), argv)
+            self.launches += 1
+
+        enqueue(run)
 
 
 class RawModule:
@@ -279,6 +414,21 @@ class RawModule:
         if k is None:
             k = self._kernels[name] = RawKernel(self._lib, name)
         return k
+
+
+def reset_graph_state(setattr_) -> None:
+    """Fresh workspaces and graphs in the backend, capture supported, allocations counted from 0."""
+    from collections import OrderedDict
+
+    from mpisparse.backend import cupy_graph
+
+    setattr_(cupy_graph, "_WORKSPACES", OrderedDict())
+    setattr_(cupy_graph, "_CAPTURE_STREAMS", {})
+    setattr_(cupy_graph, "_UNSUPPORTED", {})
+    cupy_graph.reset_stats()
+    CAPTURE["supported"] = True
+    del _CURRENT[1:]
+    reset_allocations()
 
 
 def as_cupy_module() -> types.ModuleType:
@@ -299,6 +449,7 @@ def install(monkeypatch) -> types.ModuleType:
 
     mod = as_cupy_module()
     monkeypatch.setitem(sys.modules, "cupy", mod)
+    reset_graph_state(monkeypatch.setattr)
     monkeypatch.setattr(cupy_launch, "_modules", {})
     monkeypatch.setattr(cupy_launch, "_sm_count", {})
     monkeypatch.setattr(cupy_select, "_cap_hint", {})

@@ -30,6 +30,11 @@ swapped, the schemes' code is the same.  ``__cuda_array_interface__``
 points at host memory, so an MPI handed these arrays directly (a
 "CUDA-aware" communicator) reads and writes them as host buffers.
 
+Streams, stream capture and CUDA graphs are :mod:`gpu_emu.fakecupy`'s (a
+read back, an assignment or an allocation during a capture raises; ``fill``
+and launches are recorded); allocations (arrays owning new memory) are
+counted in ``fakecupy.ALLOCS``.
+
 Install with :func:`install` (pytest ``monkeypatch``) or
 :func:`install_globally` (a script under ``mpiexec``).
 """
@@ -61,6 +66,7 @@ def reset_counts() -> None:
 
 
 def _d2h(nbytes: int) -> None:
+    fakecupy.refuse_in_capture("a device-to-host copy")
     COUNTS["d2h"] += 1
     COUNTS["d2h_bytes"] += int(nbytes)
     D2H_SIZES.append(int(nbytes))
@@ -108,6 +114,8 @@ class ndarray(NDArrayOperatorsMixin):
     def __init__(self, a: np.ndarray):
         if not isinstance(a, np.ndarray):
             raise TypeError(f"strictcupy.ndarray wraps a numpy.ndarray, got {type(a).__name__}")
+        if a.base is None:  # memory of its own: an allocation (views, slices and reshapes are not)
+            fakecupy.count_allocation(a.nbytes)
         self._a = a
 
     # ------------------------------------------------------------ refusals
@@ -210,6 +218,7 @@ class ndarray(NDArrayOperatorsMixin):
         return _wrap(self._a[_unwrap(key, "index")])
 
     def __setitem__(self, key, value):
+        fakecupy.refuse_in_capture("an element assignment")
         self._a[_unwrap(key, "index")] = _unwrap(value, "assigned value")
 
     # ------------------------------------------------------------ methods (all on the device)
@@ -229,7 +238,8 @@ class ndarray(NDArrayOperatorsMixin):
         return ndarray(self._a.ravel())
 
     def fill(self, value):
-        self._a.fill(_unwrap(value, "fill value"))
+        a, v = self._a, _unwrap(value, "fill value")
+        fakecupy.enqueue(lambda: a.fill(v))  # recorded when the current stream captures
 
     def sort(self):
         self._a.sort(kind="stable")
@@ -337,13 +347,19 @@ def _ufunc_with_out(name: str):
 
 
 for _name in ("zeros", "ones", "full", "arange", "concatenate", "unique", "argsort", "sort", "where",
-              "flatnonzero", "nonzero", "cumsum", "searchsorted", "count_nonzero", "dot", "partition",
-              "ascontiguousarray", "isin", "all", "any", "sum", "stack", "repeat", "diff", "argmax"):
+              "flatnonzero", "nonzero", "cumsum", "searchsorted", "count_nonzero", "dot", "partition", "isin", "all", "any", "sum", "stack", "repeat", "diff", "argmax"):
     globals()[_name] = _numpy_function(_name)
 for _name in ("abs", "absolute", "isfinite", "isnan", "sqrt", "minimum", "maximum", "add", "subtract",
               "multiply", "divide", "square", "logical_not", "logical_and", "equal", "greater_equal"):
     globals()[_name] = _ufunc_with_out(_name)
 del _name
+
+
+def ascontiguousarray(a, dtype=None):
+    """The array itself when it is already C-contiguous (of ``dtype``), as CuPy's: no copy, no allocation."""
+    if isinstance(a, ndarray) and a._a.flags.c_contiguous and (dtype is None or np.dtype(dtype) == a.dtype):
+        return a
+    return ndarray(np.ascontiguousarray(_unwrap(a, "cupy.ascontiguousarray"), dtype=dtype))
 
 
 def _sort_stable(a, **kw):  # CuPy's sort is stable; keep the emulation deterministic
@@ -474,6 +490,7 @@ def _clear_kernel_caches(setattr_) -> None:
     setattr_(cupy_select, "_cap_hint", {})
     setattr_(cupy_segments, "_TILE_PLANS", {})
     setattr_(cupy_select, "_PASS_PLANS", {})
+    fakecupy.reset_graph_state(setattr_)
 
 
 def install(monkeypatch, kernels: str = "emu") -> types.ModuleType:
