@@ -85,6 +85,10 @@ OVERLAP_SCHEMES = ["dense", "threshold", "topk"]
               help="Data-parallel schemes: after each step every rank times one e += g pass (the floor of a "
                    "step's compute) into a buffer of its own (one buffer more in the peak RSS); the table "
                    "adds compute / floor.")
+@click.option("--torch-peer", is_flag=True,
+              help="Also run the same top-k exchange written in plain PyTorch (torch.topk over the whole vector, "
+                   "gather by index, the same MPI calls) on the same device, and print it per phase beside the "
+                   "toolkit's topk (needs torch; imported only with this flag).")
 @scheme_options(bench_schemes())
 @cuda_aware_option
 @trace_option
@@ -92,9 +96,17 @@ OVERLAP_SCHEMES = ["dense", "threshold", "topk"]
 def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, device, no_memory,
                check_collectives, diagnostics, json_path, csv_path, plot_path, rss_at, servers, cuda_aware=None,
                hierarchical=False, gradients="synthetic", trace=None, progress_interval=10.0, no_progress=False,
-               separate_wait=False, step_output="own", floor=False, **scheme_opts) -> None:
+               separate_wait=False, step_output="own", floor=False, torch_peer=False, **scheme_opts) -> None:
     """Time sparsified steps of one or more schemes; print the per-phase table."""
     output.configure_progress(progress_interval, not no_progress)
+    if torch_peer:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise click.UsageError("--torch-peer needs torch (pip install -e '.[train]'); it is not installed")
+        if gradients != "synthetic" or hierarchical:
+            raise click.UsageError("--torch-peer runs on synthetic gradients over a flat communicator: "
+                                   "drop --gradients model / --hierarchical")
     schemes = tuple(dict.fromkeys(schemes))  # repeated names run once
     per_scheme = pick_scheme_options(schemes, scheme_opts)
     servers = usage(check_servers, schemes, servers)
@@ -119,6 +131,16 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
         results.append(res)
         if comm.rank == 0:
             output.print_step_result(res)
+    if torch_peer:
+        from ..bench.torch_peer import NAME, format_peer_table, run_torch_peer
+
+        res = run_torch_peer(comm, cfgs[0], progress=output.progress(comm, f"{NAME}: step"))
+        results.append(res)
+        if comm.rank == 0:
+            output.print_step_result(res)
+            table = format_peer_table(results)
+            if table:
+                click.echo("\n" + table)
     if comm.rank == 0:
         output.finish_step(results, json_path, csv_path, plot_path)
 
