@@ -132,3 +132,13 @@ def test_the_emulated_capture_records_and_refuses_what_a_real_one_cannot_hold(cp
     np.testing.assert_array_equal(a.get(), 3.0)
     with pytest.raises(RuntimeError, match="default"):
         cp.cuda.Stream.null.begin_capture()
+
+
+def test_the_fixed_cost_benchmark_runs_its_three_ways_and_checks_the_replay(cp):
+    from mpisparse.bench import fixed_cost
+
+    res = fixed_cost.run(n=8_192, density=0.002, calls=1)
+    assert set(res["ms"]) == {"threshold_select", "topk_abs_sample"}
+    assert all(set(v) == {"plain", "graph", "graph_reuse"} for v in res["ms"].values())
+    assert res["stats"]["plain"]["captures"] == 0 and res["stats"]["graph"]["replays"] > 0
+    assert res["replay_equals_fresh"] and res["replays_in_check"] > 0 and res["capture_unsupported"] is None

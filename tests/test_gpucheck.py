@@ -10,9 +10,10 @@ from mpisparse.bench.gpucheck import STEP_SCHEMES, Check, plan, run_check, summa
 def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     checks = plan(tmp_path, python="python")
     names = [c.name for c in checks]
-    assert names[:9] == ["gpu-tests", "info", "select", "select-deft", "step", "step-hier", "step-cpu-16",
-                         "step-cpu-16-gradient", "torchrun-cuda"]
-    assert names[9:-1] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
+    assert names[:13] == ["gpu-tests", "info", "select", "select-deft", "fixed-cost", "step-torch-peer", "step",
+                          "step-hier", "step-cpu-16", "step-cpu-16-gradient", "torchrun-cuda", "impi-info",
+                          "impi-step"]
+    assert names[13:-1] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
     assert names[-1] == "select-sweep"
     mem = next(c for c in checks if c.name == "step-cpu-16")
     assert mem.argv[mem.argv.index("-n") + 1] == "16" and "--device" not in mem.argv
@@ -26,6 +27,35 @@ def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     step = next(c for c in checks if c.name == "step")
     assert [step.argv[i + 1] for i, a in enumerate(step.argv) if a == "--scheme"] == list(STEP_SCHEMES)
     assert all(c.json is None or c.json.startswith(str(tmp_path)) for c in checks)
+    peer = next(c for c in checks if c.name == "step-torch-peer")
+    assert "--torch-peer" in peer.argv and peer.argv[peer.argv.index("--device") + 1] == "cuda"
+    impi = [c for c in checks if c.name.startswith("impi-")]
+    assert all(c.skipped.startswith("skipped: set MPISPARSE_IMPI_PYTHON") for c in impi)
+    impi = [c for c in plan(tmp_path, python="python", impi_python="/v/bin/python") if c.name.startswith("impi-")]
+    assert all(not c.skipped and c.argv[0] == "/v/bin/python" and c.env["I_MPI_OFFLOAD"] == "1" for c in impi)
+    assert "--cuda-aware" in impi[1].argv
+
+
+def test_issue_table_says_measured_target_met_for_every_row():
+    from mpisparse.bench.gpucheck import issue_table
+
+    results = {
+        "select": {"timings": {"topk_abs": {"best_ms": 0.095}}, "ratios": {"torch_topk/topk_abs": 7.2,
+                                                                           "threshold_select/one_read": 2.3}},
+        "fixed-cost": {"n": 65536, "target_ms": 0.015, "replay_equals_fresh": True,
+                       "ms": {"threshold_select": {"plain": 0.04, "graph": 0.012, "graph_reuse": 0.010},
+                              "topk_abs_sample": {"plain": 0.11, "graph": 0.02, "graph_reuse": 0.018}}},
+        "select-deft": [{"world_size": 1, "deft_max_seconds": 0.0009, "norms_ms": 0.05},
+                        {"world_size": 4, "deft_max_seconds": 0.00025, "norms_ms": 0.05}],
+        "step-torch-peer": [{"scheme": "topk", "step_seconds": 0.003}, {"scheme": "torch-topk", "step_seconds": 0.009}],
+        "impi-step": [{"scheme": "dense", "staging_copies_per_step": {"d2h": 0, "h2d": 0}},
+                      {"scheme": "topk", "staging_copies_per_step": {"d2h": 0, "h2d": 0}}],
+    }
+    rows = issue_table(results)
+    assert [r["met"] for r in rows] == [True, False, False, True, True, True, True]
+    assert rows[0]["measured"] == "0.095 ms = 7.20x torch.topk" and rows[0]["target"].startswith("<= 0.10 ms")
+    assert "topk_abs_sample 0.0180 ms (plain 0.1100)" in rows[2]["measured"]
+    assert all(r["met"] is None and r["measured"] == "-" for r in issue_table({}))
 
 
 DEFT_ROW = "train --scheme deft: the GPU run within 0.5 points of the CPU run (same seed)"

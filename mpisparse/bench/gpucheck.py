@@ -23,6 +23,17 @@ present (and mpisparse importable).  In one run it executes
    the CPU with the same seed (test accuracy within 0.5 points);
 10. ``bench select --backend cupy`` over sizes and densities (which exact
     top-k method is faster where: ``cupy_select.AUTO_TABLE``);
+11. the fixed cost of a kernel call on 65,536 elements with and without
+    CUDA-graph replay, and a replayed call against a fresh one
+    (``python -m mpisparse.bench.fixed_cost``);
+12. ``bench step -n 2 --device cuda --torch-peer``: the toolkit's topk step
+    beside the same exchange in plain PyTorch, per phase;
+13. with ``MPISPARSE_IMPI_PYTHON`` (the Python of a venv holding mpi4py and
+    ``impi-rt``): ``info`` and ``bench step --device cuda`` under Intel MPI
+    with ``I_MPI_OFFLOAD=1``: the CUDA-aware run (staging copies 0);
+
+The report's first table is issue 36's: for each of its rows measured,
+target, met (:func:`issue_table`).
 
 and writes ``OUT_DIR/gpu-check.json`` and ``OUT_DIR/gpu-check.md``: the
 device, driver, CUDA, MPI, commit and date, each command with its exit code
@@ -78,8 +89,16 @@ class Check:
     skipped: str = ""
 
 
-def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Check]:
-    """The commands of a check writing into ``out`` (a pure function: tests read it)."""
+#: Intel MPI with its NVIDIA device-buffer support on (mpisparse/mpi/vendor.py)
+IMPI_ENV = {"I_MPI_OFFLOAD": "1", "I_MPI_OFFLOAD_MODE": "cuda"}
+
+
+def plan(out: Path, *, python: str = sys.executable, epochs: int = 3, impi_python: str | None = None) -> list[Check]:
+    """The commands of a check writing into ``out`` (a pure function: tests read it).
+
+    ``impi_python``: the Python of a venv with mpi4py on Intel MPI (``pip install
+    mpi4py impi-rt`` and this package); without it the Intel MPI checks are skipped.
+    """
     ms = [python, "-m", "mpisparse"]
     j = lambda name: str(out / f"{name}.json")  # noqa: E731
     schemes = lambda names: [a for s in names for a in ("--scheme", s)]  # noqa: E731
@@ -92,6 +111,13 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Ch
         Check("select-deft", [*ms, "bench", "select", "--backend", "cupy", "--mode", "deft", "--model", "resnet50",
                               "--worlds", "1,2,4,8", "--density", "0.01", "--json", j("select-deft")],
               json=j("select-deft"), timeout=150),
+        # issue 36: a call's fixed cost, graph replay against plain launches, replay equal to a fresh call
+        Check("fixed-cost", [python, "-m", "mpisparse.bench.fixed_cost", "--json", j("fixed-cost")],
+              json=j("fixed-cost"), timeout=120),
+        # the toolkit's topk step beside the same exchange written in plain PyTorch, same GPU, same run
+        Check("step-torch-peer", [*ms, "bench", "step", "-n", "2", "--device", "cuda", "--model", "resnet50",
+                                  "--scheme", "topk", "--torch-peer", "--density", "0.01", "--iters", "10",
+                                  "--json", j("step-torch-peer")], json=j("step-torch-peer"), timeout=180),
         Check("step", [*ms, "bench", "step", "-n", "2", "--device", "cuda", "--model", "resnet50",
                        *schemes(STEP_SCHEMES), "--density", "0.01", "--iters", "10", "--json", j("step")],
               json=j("step"), timeout=240),
@@ -114,6 +140,17 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3) -> list[Ch
                                 "-m", "mpisparse", "train", "--device", "cuda", "--scheme", "topk", "--density",
                                 "0.01", "--epochs", str(epochs), "--seed", "0", "--json", j("torchrun-cuda")],
               json=j("torchrun-cuda"), timeout=150),
+    ]
+    # a CUDA-aware MPI: Intel MPI with offload, the decision it reaches, and the device step without staging
+    ipy = impi_python or "python-of-an-impi-venv"
+    why = "" if impi_python else "skipped: set MPISPARSE_IMPI_PYTHON to a venv's python with mpi4py and impi-rt"
+    checks += [
+        Check("impi-info", [ipy, "-m", "mpisparse", "info", "-n", "2", "--json", j("impi-info")], json=j("impi-info"),
+              env=dict(IMPI_ENV), timeout=90, skipped=why),
+        Check("impi-step", [ipy, "-m", "mpisparse", "bench", "step", "-n", "2", "--device", "cuda", "--cuda-aware",
+                            "--model", "resnet50", "--scheme", "dense", "--scheme", "topk", "--density", "0.01",
+                            "--iters", "5", "--json", j("impi-step")], json=j("impi-step"), env=dict(IMPI_ENV),
+              timeout=180, skipped=why),
     ]
     for s in TRAIN_SCHEMES:
         for device in ("cuda", "cpu"):
@@ -140,6 +177,68 @@ def _accuracy(result: Any) -> float | None:
         return 100.0 * float(res["metrics"]["final"]["test_accuracy"])
     except (TypeError, KeyError):
         return None
+
+
+def _first(x: Any) -> Any:
+    return x[0] if isinstance(x, list) and x else x
+
+
+def _as_list(x: Any) -> list:
+    return x if isinstance(x, list) else [x] if x else []
+
+
+def issue_table(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 36's rows: ``{"row", "measured", "target", "met"}`` (``met`` None where no command gave a result)."""
+    rows: list[dict[str, Any]] = []
+
+    def row(name, measured, target, met):
+        rows.append({"row": name, "measured": measured if met is not None else "-", "target": target, "met": met})
+
+    sel = _first(results.get("select"))
+    tk = ratio = None
+    if isinstance(sel, dict):
+        tk = (sel.get("timings", {}).get("topk_abs") or {}).get("best_ms")
+        ratio = sel.get("ratios", {}).get("torch_topk/topk_abs")
+    row("exact top-k (topk_abs, auto), 25M float32, d=0.001",
+        f"{tk:.3f} ms = {ratio:.2f}x torch.topk" if tk is not None and ratio is not None else "-",
+        "<= 0.10 ms (>= 6.5x torch.topk)", None if tk is None or ratio is None else tk <= 0.10 and ratio >= 6.5)
+    thr = sel.get("ratios", {}).get("threshold_select/one_read") if isinstance(sel, dict) else None
+    row("threshold select", f"{thr:.2f}x one read" if thr is not None else "-", "<= 2x one read",
+        None if thr is None else thr <= 2.0)
+    fc = results.get("fixed-cost")
+    if isinstance(fc, dict) and fc.get("ms"):
+        best = {k: min(v.values()) for k, v in fc["ms"].items()}
+        row(f"fixed cost of a call ({fc.get('n', 65536):,} elements)",
+            ", ".join(f"{k} {v:.4f} ms (plain {fc['ms'][k].get('plain', float('nan')):.4f})" for k, v in best.items())
+            + ("" if fc.get("replay_equals_fresh") else "; replay WRONG"),
+            f"<= {fc.get('target_ms', 0.015)} ms", all(v <= fc.get("target_ms", 0.015) for v in best.values())
+            and bool(fc.get("replay_equals_fresh")))
+    else:
+        row("fixed cost of a call (65,536 elements)", "-", "<= 0.015 ms", None)
+    deft = {r.get("world_size"): r for r in results.get("select-deft") or []}
+    w4 = deft.get(4)
+    row("DEFT per-rank selection, resnet50 d=0.01, W=4",
+        f"{1e3 * w4['deft_max_seconds']:.3f} ms" if w4 else "-", "<= 0.3 ms",
+        None if not w4 else 1e3 * w4["deft_max_seconds"] <= 0.3)
+    w1 = deft.get(1)
+    row("layer norms (161 layers)", f"{w1['norms_ms']:.3f} ms" if w1 else "-", "<= 0.06 ms",
+        None if not w1 else w1["norms_ms"] <= 0.06)
+    peer = {r.get("scheme"): r for r in _as_list(results.get("step-torch-peer"))}
+    if "topk" in peer and "torch-topk" in peer:
+        a, b = peer["topk"]["step_seconds"], peer["torch-topk"]["step_seconds"]
+        row("step against plain PyTorch (topk, resnet50, W=2)", f"{1e3 * a:.2f} ms vs {1e3 * b:.2f} ms",
+            "the toolkit's step faster", a < b)
+    else:
+        row("step against plain PyTorch (topk, resnet50, W=2)", "-", "the toolkit's step faster", None)
+    impi = _as_list(results.get("impi-step"))
+    if impi:
+        copies = [(r.get("staging_copies_per_step") or {}).get("d2h", 0) + (r.get("staging_copies_per_step") or {})
+                  .get("h2d", 0) for r in impi]
+        row("CUDA-aware MPI (Intel MPI, I_MPI_OFFLOAD=1): staging copies per step",
+            ", ".join(f"{r['scheme']} {c:g}" for r, c in zip(impi, copies)), "0", all(c == 0 for c in copies))
+    else:
+        row("CUDA-aware MPI (Intel MPI, I_MPI_OFFLOAD=1): staging copies per step", "-", "0", None)
+    return rows
 
 
 def summarise(checks: Sequence[Check], results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -208,8 +307,11 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines = ["# GPU check", "", f"`{report['command']}`", "",
              "| | |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in m.items()]
-    lines += ["", "## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
     verdict = {True: "yes", False: "**no**", None: "no result"}
+    if report.get("issue"):
+        lines += ["", "## Issue 36's table", "", "| row | measured | target | met |", "| --- | --- | --- | --- |"]
+        lines += [f"| {r['row']} | {r['measured']} | {r['target']} | {verdict[r['met']]} |" for r in report["issue"]]
+    lines += ["", "## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
     lines += [f"| {r['target']} | {r['measured']} | {verdict[r['met']]} |" for r in report["targets"]]
     lines += ["", "## Commands", "", "| step | exit | seconds | command |", "| --- | --- | --- | --- |"]
     lines += [f"| {c['name']} | {c.get('skipped') or c['returncode']} | {c['seconds']:.1f} | "
@@ -313,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    checks = plan(out, epochs=args.epochs)
+    checks = plan(out, epochs=args.epochs, impi_python=os.environ.get("MPISPARSE_IMPI_PYTHON") or None)
     names = [n for n in args.only.split(",") if n]
     unknown = sorted(set(names) - {c.name for c in checks})
     if unknown:
@@ -326,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {}
     start = time.monotonic()
     for c in checks:
+        if c.skipped:
+            print(f"$ {c.name}: {c.skipped}", flush=True)
+            continue
         if args.deadline is not None and time.monotonic() - start > args.deadline:
             c.skipped = f"skipped: past --deadline {args.deadline:g} s"
             print(f"$ {c.name}: {c.skipped}", flush=True)
@@ -337,7 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  exit {c.returncode} in {c.seconds:.1f} s", flush=True)
         results[c.name] = _load(c)
     report = {"command": " ".join(["bin/gpu-check", *(argv if argv is not None else sys.argv[1:])]),
-              "machine": machine(), "targets": summarise(checks, results), "checks": [asdict(c) for c in checks]}
+              "machine": machine(), "issue": issue_table(results), "targets": summarise(checks, results),
+              "checks": [asdict(c) for c in checks]}
     (out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
     md = to_markdown(report)
     (out / "gpu-check.md").write_text(md)
