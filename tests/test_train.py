@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import HERE, mpi_run, mpi_script, mpiexec_prefix  # noqa: E402
+from conftest import HERE, mpi_run, mpi_script, mpiexec_prefix, rank_script  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -104,13 +104,19 @@ def test_kill_during_training_then_resume_equals_uninterrupted(tmp_path):
     assert resumed["metrics"]["final"]["iteration"] == full["metrics"]["final"]["iteration"]
 
 
-def test_resume_at_another_world_size_resets_residuals_with_a_warning(tmp_path, topk_run):
+def test_resume_at_another_world_size_redistributes_residuals_with_a_notice(tmp_path, topk_run):
     ck = checkpoint_copy(topk_run, tmp_path)  # written by 2 ranks
     p, r = train(tmp_path, "three", "--scheme", "topk", "--epochs", "2", "--checkpoint", str(ck), "--resume",
                  ranks=3)
     assert "written by 2 ranks, this job has 3" in p.stderr
-    assert "residuals) is reset" in p.stderr
+    assert "residuals redistributed" in p.stderr and "is reset" not in p.stderr
     assert len(r["metrics"]["per_epoch"]) == 2 and r["world_size"] == 3
+
+
+def test_save_at_4_resume_at_2_and_3_keeps_the_pending_mass_and_trains_on():
+    """One launch (tests/mpi/check_reshard.py): topk, dgc, cltk, dct saved by 4 ranks, resumed by 2 and by 3;
+    (1/W') sum_j e'_j = (1/W) sum_i e_i per memory buffer after the resume; the second epoch trains."""
+    rank_script("reshard", 4)
 
 
 def test_plot_writes_a_png(tmp_path):

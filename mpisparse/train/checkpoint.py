@@ -13,9 +13,9 @@ at any moment leaves ``LATEST`` naming a complete checkpoint.  Older
 checkpoint directories are removed after ``LATEST`` moves on.
 
 Resuming at the saved world size gives each rank its own state back.  At
-another world size the residuals (and other per-rank scheme state) cannot be
-redistributed meaningfully: they are reset with a warning, and no rank ever
-loads another rank's residual.
+another world size the error-feedback state is redistributed so that the
+pending update is kept (:mod:`mpisparse.train.reshard`: every new rank takes
+the old ranks' mean; each reads only its share of the old rank files).
 
 Data only: the files hold tensors, NumPy arrays (stored as tensors with a
 marker, see :func:`encode`), numbers, strings and containers, and are read
@@ -272,7 +272,8 @@ def clean(directory: str | os.PathLike, comm) -> list[Path]:
 
 
 def load(directory: str | os.PathLike, comm) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``(common, per_rank)``; ``per_rank`` is None when the world size changed.
+    """``(common, per_rank)``; at another world size ``per_rank`` is this rank's share of the old ranks'
+    parts (:func:`mpisparse.train.reshard.gather_parts`, collective), without ``torch_rng``.
 
     Every error is a :class:`CheckpointError` naming the file.
     """
@@ -289,13 +290,20 @@ def load(directory: str | os.PathLike, comm) -> tuple[dict[str, Any], dict[str, 
         raise CheckpointError(f"checkpoint file {target / 'common.pt'} does not hold a checkpoint's common part")
     saved = int(common["world_size"])
     if saved != comm.size:
+        from .reshard import gather_parts
+
+        part = gather_parts(comm, saved, lambda i: _rank_part(target, i))
         if comm.rank == 0:
             warnings.warn(
-                f"checkpoint {target.name} was written by {saved} ranks, this job has {comm.size}: "
-                "model and optimizer are restored, per-rank scheme state (residuals) is reset",
-                stacklevel=2)
-        return common, None
-    per_rank = read(target / f"rank-{comm.rank}.pt")
-    if not isinstance(per_rank, dict):
-        raise CheckpointError(f"checkpoint file {target / f'rank-{comm.rank}.pt'} does not hold a rank's part")
-    return common, per_rank
+                f"checkpoint {target.name} was written by {saved} ranks, this job has {comm.size}: model and "
+                "optimizer are restored, the error-feedback residuals redistributed (every rank takes the "
+                "ranks' mean: the pending update is kept)", stacklevel=2)
+        return common, part
+    return common, _rank_part(target, comm.rank)
+
+
+def _rank_part(target: Path, rank: int) -> dict[str, Any]:
+    part = read(target / f"rank-{rank}.pt")
+    if not isinstance(part, dict):
+        raise CheckpointError(f"checkpoint file {target / f'rank-{rank}.pt'} does not hold a rank's part")
+    return part

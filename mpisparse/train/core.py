@@ -114,7 +114,9 @@ class TrainStep:
         raise NotImplementedError
 
     def load_state(self, common: dict[str, Any], mine: dict[str, Any] | None) -> None:
-        """Restore :meth:`state`'s parts; ``mine`` is None when the world size changed."""
+        """Restore :meth:`state`'s parts; at another world size ``mine`` is the redistributed share
+        (:mod:`mpisparse.train.reshard`: a ``"scheme"`` state without ``torch_rng``, or no ``"scheme"``
+        where it was reset)."""
         raise NotImplementedError
 
     def result(self, loop: "LoopState"):
@@ -222,7 +224,7 @@ def _resume(comm, cfg, step: TrainStep, loop: LoopState) -> None:
     pos = common["loop"]
     loop.epoch, loop.batch, loop.iteration, loop.skipped = pos["epoch"], pos["batch"], pos["iteration"], pos["skipped"]
     loop.consecutive_skipped = int(pos.get("consecutive_skipped", 0))
-    loop.losses = list(mine["loop_losses"]) if mine is not None else []  # another world size: a partial epoch
+    loop.losses = list(mine["loop_losses"]) if mine is not None else []  # another world size: all on rank 0
     loop.history = common["history"]
     loop.wall_offset = common["wall_seconds"]
 

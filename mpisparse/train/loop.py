@@ -201,11 +201,12 @@ class CollectiveStep(ModelStep):
     def load_state(self, common, mine) -> None:
         self.model.load_state_dict(common["model"])
         self.dopt.load_state_dict(common["optimizer"], scheme_state=False)
-        if mine is not None:
+        if mine is not None and "scheme" in mine:  # this rank's, or redistributed at another world size
             self.dopt.scheme.load_state_dict(mine["scheme"])
-            torch.set_rng_state(mine["torch_rng"])
-        else:
+        else:  # reset: a scheme state that cannot be redistributed
             self.dopt.scheme.iteration = int(common["iteration"])
+        if mine is not None and "torch_rng" in mine:  # at the saved world size
+            torch.set_rng_state(mine["torch_rng"])
 
     def result(self, loop: LoopState):
         cfg, dopt = self.cfg, self.dopt
