@@ -85,6 +85,18 @@ def _path_or_none(flag: str, path: str | None) -> None:
         raise ValueError(f"{flag} is {path!r}; allowed: a file path")
 
 
+def _overlap(cls: type[SchemeBase], on: bool, options: dict[str, Any]) -> None:
+    """``--overlap`` only for a data-parallel scheme that runs bucket by bucket (its ``bucket_reason``)."""
+    _bool("--overlap", on)
+    if not on:
+        return
+    reason = getattr(cls, "bucket_reason", None)
+    why = reason(options) if reason is not None else "it is not a data-parallel scheme"
+    if why is not None:
+        raise ValueError(f"--overlap does not apply to scheme {cls.name!r} ({why}); allowed: dense, topk with "
+                         "--layerwise, threshold with --threshold")
+
+
 def _world(cls: type[SchemeBase], world: int | None) -> None:
     if world is not None and world < cls.min_world_size:
         raise ValueError(f"scheme {cls.name!r} needs at least {cls.min_world_size} ranks; -n is {world}")
@@ -158,6 +170,9 @@ class TrainConfig:
     max_skipped_steps: int = 100
     #: ``--trace``: write the per-rank, per-phase spans of the timed steps here (Chrome trace-event JSON)
     trace: str | None = None
+    #: ``--overlap``: exchange bucket by bucket from gradient hooks while backward runs
+    #: (``DistributedOptimizer(overlap=True)``; schemes whose math is per element or per layer)
+    overlap: bool = False
 
     def validate(self, world: int | None = None) -> TrainConfig:
         """Check every field, then the runtime's own checks; ``world`` is the world size if known.
@@ -195,6 +210,12 @@ class TrainConfig:
             raise ValueError("--resume needs --checkpoint DIR")
         _int("--servers", self.servers, 1)
         self.scheme_options = cls.validate_options(dict(self.scheme_options))
+        _overlap(cls, self.overlap, self.scheme_options)
+        if self.overlap and self.hierarchical:
+            raise ValueError("--overlap exchanges over a plain communicator; --hierarchical is not allowed with it")
+        if self.overlap and self.checkpoint and cls.name != "dense":
+            raise ValueError(f"--overlap with --checkpoint: the buckets' error feedback of scheme {cls.name!r} is "
+                             "not checkpointed; allowed: --overlap with dense, or no --checkpoint")
         if self.mp is not None:
             self.mp.validate()
             if self.trace is not None:

@@ -35,15 +35,15 @@ def test_train_config_names_the_bad_value(kw, message):
 
 def test_validate_fills_the_option_defaults_and_checks_the_world():
     cfg = validate(TrainConfig(scheme="threshold"), world=2)
-    assert cfg.scheme_options == {"threshold": None}  # the declared default, filled in
+    assert cfg.scheme_options == {"threshold": None, "wire_dtype": "float32"}  # the declared defaults, filled in
     with pytest.raises(ValueError, match="scheme 'slimdp' needs at least 2 ranks; -n is 1"):
         validate(TrainConfig(scheme="slimdp"), world=1)
     with pytest.raises(ValueError, match="--servers 2 leaves no worker among 2 ranks"):
         validate(BenchConfig(model="ncf", scheme="dgs", servers=2), world=2)
     with pytest.raises(ValueError, match="sparsifies activations between pipeline stages"):
         validate(BenchConfig(model="ncf", scheme="dct-mp"))
-    assert validate(BenchConfig(model="ncf", scheme="topk"), world=4).scheme_options == {"layerwise": False,
-                                                                                        "select_kernel": "native"}
+    assert validate(BenchConfig(model="ncf", scheme="topk"), world=4).scheme_options == {
+        "layerwise": False, "select_kernel": "native", "wire_dtype": "float32"}
 
 
 def test_agreement_compares_every_field_but_the_per_rank_ones():

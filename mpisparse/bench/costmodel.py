@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 __all__ = ["Link", "Rates", "SCHEMES", "crossover", "fit_link", "loaded_rates", "measure_rates", "parse_rate",
-           "predict", "rates_from_times", "sharing", "slowest", "total"]
+           "predict", "rates_from_times", "sharing", "slowest", "total", "value_bytes"]
 
 #: schemes the model covers
 SCHEMES = ("dense", "topk", "cltk", "deft", "gtopk")
@@ -132,13 +132,17 @@ def _bcast(m: float, W: int, a: float, b: float) -> float:
 
 
 def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: Rates, *,
-            imbalance: float = 1.1, shared_cores: int | None = None) -> dict[str, float]:
+            imbalance: float = 1.1, shared_cores: int | None = None, wire: str = "float32") -> dict[str, float]:
     """Predicted seconds of each phase of one step of ``scheme`` (``compensate``, ``select``,
     ``exchange``, ``update``) on ``world`` ranks, one per host.
 
     ``shared_cores``: the ranks share that many cores (the emulated cluster); compute is stretched by
     :func:`sharing`'s ``stretch``, and ``rates`` must then be measured with its ``processes`` at once
-    (:func:`measure_rates`).  None: a core per rank, ``rates`` measured alone."""
+    (:func:`measure_rates`).  None: a core per rank, ``rates`` measured alone.
+
+    ``wire``: the values' type on the wire (``--wire-dtype``): float16 and bfloat16 values are 2 bytes
+    (indices stay 4); a 16-bit sum over ranks (dense, cltk, deft) is a reduce-scatter and an Allgatherv of
+    the same bytes as the ring Allreduce's halves (:func:`mpisparse.mpi.wire.allreduce_bytes`)."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not in the cost model; allowed: {', '.join(SCHEMES)}")
     if world < 1:
@@ -146,20 +150,23 @@ def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: 
     if not 0 < density <= 1:
         raise ValueError(f"density {density}; allowed: (0, 1]")
     W, a, b = int(world), link.latency, 1.0 / link.bandwidth
+    vb = value_bytes(wire)
+    if wire != "float32" and scheme == "gtopk":
+        raise ValueError("scheme 'gtopk' sends float32 values only; allowed wire: float32")
     k = max(1, int(density * n))
     lg = _log2(W)
     stretch = sharing(W, shared_cores)[1]
     fused, stream = rates.fused, rates.stream
     if scheme == "dense":
         comp = {"compensate": 0.0, "select": 0.0, "update": stream * n}
-        m = 4 * n
+        m = vb * n
         comm = 2 * lg * a + 2 * (W - 1) / W * m * b
     elif scheme == "topk":
         comp = {"compensate": fused * n, "select": rates.pick * k, "update": rates.scatter * min(n, W * k)}
-        comm = 3 * lg * a + (W - 1) * k * (_INDEX_BYTES + _VALUE_BYTES) * b
+        comm = 3 * lg * a + (W - 1) * k * (_INDEX_BYTES + vb) * b
     elif scheme == "cltk":  # the leader's pass and pick: the others wait for them in the Bcast
         comp = {"compensate": fused * n, "select": rates.pick * k, "update": rates.scatter * k}
-        comm = _bcast(k * _INDEX_BYTES, W, a, b) + 2 * lg * a + 2 * (W - 1) / W * k * _VALUE_BYTES * b
+        comm = _bcast(k * _INDEX_BYTES, W, a, b) + 2 * lg * a + 2 * (W - 1) / W * k * vb * b
     elif scheme == "deft":
         frac = min(1.0, imbalance / W)
         comp = {"compensate": stream * n * (1 - frac) + rates.segmented * n * frac, "select": rates.pick * k * frac,
@@ -167,14 +174,21 @@ def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: 
         from ..schemes.deft import PACK_COST  # "size": every rank packs the same bins once, no Bcast
         comm = ((lg * a if PACK_COST == "eq3" else 0.0)  # the leader's bins (an int32 per layer: a short Bcast)
                 + 2 * lg * a + (W - 1) / W * k * _INDEX_BYTES * b  # counts, then the indices (Allgatherv)
-                + 2 * lg * a + 2 * (W - 1) / W * k * _VALUE_BYTES * b)  # the values (Allreduce)
+                + 2 * lg * a + 2 * (W - 1) / W * k * vb * b)  # the values (Allreduce)
     else:  # gtopk
         comp = {"compensate": fused * n, "select": rates.pick * k + rates.merge * 2 * k * lg,
                 "update": rates.scatter * k}
-        comm = lg * (2 * a + k * (_INDEX_BYTES + _VALUE_BYTES) * b)  # each round: a sendrecv, both ways at once
+        comm = lg * (2 * a + k * (_INDEX_BYTES + vb) * b)  # each round: a sendrecv, both ways at once
     out = {p: v * stretch for p, v in comp.items()}
     out["exchange"] = comm if W > 1 else 0.0
     return out
+
+
+def value_bytes(wire: str) -> int:
+    """Bytes per value on the wire for ``--wire-dtype`` ``wire``."""
+    if wire not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"wire dtype {wire!r}; allowed values are float32, float16, bfloat16")
+    return 4 if wire == "float32" else 2
 
 
 def fit_link(points: list[tuple[int, int, float]], *, messages: int = 3,

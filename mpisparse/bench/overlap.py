@@ -62,20 +62,32 @@ def time_ways(comm, model: str, *, scheme: str, density: float, options: dict[st
                        batch=batch, bucket_cap_mb=bucket_cap_mb, seed=seed)
             for name, s in (("compute", None), ("plain", scheme), ("overlap", scheme))}
     times: dict[str, list[float]] = {name: [] for name in ways}
+    sent = {name: 0 for name in ways}
     for it in range(warmup + iters):
         for name, (net, x, y, opt) in ways.items():
             comm.barrier()
+            b0 = _bytes(opt)
             t0 = time.perf_counter()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x), y).backward()
             opt.step()
             if it >= warmup:
                 times[name].append(time.perf_counter() - t0)
+                sent[name] += _bytes(opt) - b0
     over = ways["overlap"][3].overlap
     facts = {name: statistics.median(t) for name, t in times.items()}
+    facts.update({f"{name}_bytes": sent[name] / iters for name in ("plain", "overlap")})
     facts.update(buckets=len(over.buckets), started_in_backward=over.started_in_backward)
     over.close()
     return facts
+
+
+def _bytes(opt) -> int:
+    """Bytes this rank's optimizer sent so far (its buckets' own communicator included; 0 for a local one)."""
+    comm = getattr(opt, "comm", None)
+    if comm is None:
+        return 0
+    return comm.bytes_sent + (opt.overlap.bytes_sent if opt.overlap is not None else 0)
 
 
 def run_overlap(comm, *, model: str, schemes: list[tuple[str, dict[str, Any]]], density: float, batch: int,
@@ -88,7 +100,10 @@ def run_overlap(comm, *, model: str, schemes: list[tuple[str, dict[str, Any]]], 
         everyone = comm.allgather_obj(facts)
         compute, plain, over = (max(f[w] for f in everyone) for w in ("compute", "plain", "overlap"))
         exchange = plain - compute
-        rows.append({"scheme": name, "options": opts, "compute_ms": compute * 1e3, "plain_ms": plain * 1e3,
+        rows.append({"scheme": name, "options": opts, "wire_dtype": opts.get("wire_dtype", "float32"),
+                     "bytes_plain": max(f["plain_bytes"] for f in everyone),
+                     "bytes_overlap": max(f["overlap_bytes"] for f in everyone),
+                     "compute_ms": compute * 1e3, "plain_ms": plain * 1e3,
                      "overlap_ms": over * 1e3, "speedup": plain / over if over > 0 else None,
                      "hidden": (plain - over) / exchange if exchange > 0 else None,
                      "buckets": facts["buckets"],
@@ -104,13 +119,15 @@ def format_overlap(res: dict[str, Any]) -> str:
     """The comparison table (step times of the slowest rank, ms)."""
     from ..results.tables import Column, format_rows
 
-    rows = [{**r, "label": r["scheme"] + "".join(f" --{k}" if v is True else f" --{k} {v}"
-                                                 for k, v in r["options"].items())} for r in res["rows"]]
+    rows = [{**r, "label": r["scheme"] + "".join(f" --{k.replace('_', '-')}" if v is True else
+                                                 f" --{k.replace('_', '-')} {v}" for k, v in r["options"].items())}
+            for r in res["rows"]]
     pct = lambda v: f"{100 * v:.0f}%"  # noqa: E731
     cols = [Column("label", "scheme", "{}", "<"), Column("compute_ms", "compute only (ms)", "{:.1f}"),
             Column("plain_ms", "exchange after backward (ms)", "{:.1f}"),
             Column("overlap_ms", "overlapped (ms)", "{:.1f}"), Column("speedup", "speedup", "{:.2f}x"),
-            Column("hidden", "exchange hidden", pct), Column("buckets", "buckets", "{}")]
+            Column("hidden", "exchange hidden", pct), Column("buckets", "buckets", "{}"),
+            Column("bytes_plain", "bytes/rank/step", "{:,.0f}")]
     title = (f"bench overlap: {res['model']}, batch {res['batch']}, W={res['world_size']}, density "
              f"{res['density']}, bucket cap {res['bucket_cap_mb']} MB, median of {res['iters']} steps (slowest rank)")
     return format_rows(rows, cols, title=title)

@@ -166,6 +166,8 @@ def pick_scheme_options(schemes: tuple[str, ...], given: dict[str, Any]) -> dict
     per_scheme: dict[str, dict[str, Any]] = {}
     for s in schemes:
         names = {o.name for o in SCHEMES[s].options}
+        if hasattr(SCHEMES[s], "wire_refusal"):  # a data-parallel scheme refuses a wire dtype it cannot carry
+            names.add("wire_dtype")               # itself, naming the allowed value (its validate_options)
         per_scheme[s] = {k: v for k, v in set_opts.items() if k in names}
     orphans = [k for k in set_opts if not any(k in per_scheme[s] for s in schemes)]
     if orphans:

@@ -69,6 +69,10 @@ def _split_after(text: str | None) -> list[str]:
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
 @click.option("--overwrite-checkpoint", is_flag=True,
               help="Start afresh even if --checkpoint already holds a checkpoint (it is replaced).")
+@click.option("--overlap", is_flag=True,
+              help="Exchange bucket by bucket while backward runs (gradient hooks; dense, layerwise topk, "
+                   "threshold with a fixed threshold): the optimized dense baseline is dense with --overlap and "
+                   "a 16-bit --wire-dtype.")
 @click.option("--max-skipped-steps", type=click.IntRange(min=0), default=100, show_default=True,
               help="Stop with an error after this many consecutive skipped steps (non-finite gradient or "
                    "update; 0: never).")
@@ -90,7 +94,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
           weight_decay, bptt, clip, seed, device, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
           checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
           cuda_aware=None, hierarchical=False, trace=None, progress_interval=10.0, no_progress=False,
-          launcher="auto", **scheme_opts) -> None:
+          launcher="auto", overlap=False, **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
     With --mp-stages S the model is split into S pipeline stages; --scheme
@@ -118,7 +122,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           resume=resume, scheme_options=dict(per_scheme[s]),
                           diagnostics=diagnostics, servers=servers, mp=mp_cfg,
                           check_collectives=check_collectives, hierarchical=hierarchical, cuda_aware=cuda_aware,
-                          max_skipped_steps=max_skipped_steps, device=device,
+                          max_skipped_steps=max_skipped_steps, device=device, overlap=overlap,
                           trace=trace_path(trace, s, len(schemes) > 1))
         cfgs.append(validated(cfg, nprocs))
     _check_data_dir(data, data_dir)

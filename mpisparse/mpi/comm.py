@@ -8,7 +8,9 @@ Every scheme exchanges data through a :class:`Communicator`, which
 * offers Allreduce, Bcast, Allgatherv (counts exchanged first, empty
   contributions allowed), Alltoallv and point-to-point send/recv;
 * refuses dtypes that MPI cannot reduce correctly (bfloat16 passes through
-  mpi4py as raw bytes: Open MPI silently returns garbage for a sum);
+  mpi4py as raw bytes: Open MPI silently returns garbage for a sum; a sum
+  of 16-bit values is :func:`mpisparse.mpi.wire.allreduce_sum`, a
+  reduce-scatter through :meth:`Communicator.alltoallv` with float32 sums);
 * synchronises the device stream before any MPI call on a device buffer and
   decides, once, whether device buffers go to MPI directly (CUDA-aware MPI,
   confirmed by a run-time probe: :func:`decide_cuda_aware_how`) or are
@@ -347,10 +349,11 @@ class Communicator:
                 self.comm.Allgatherv(s, [r, (counts, displs)])
         return recv, counts
 
-    def alltoallv(self, x, sendcounts: Sequence[int]):
+    def alltoallv(self, x, sendcounts: Sequence[int], recvcounts: Sequence[int] | None = None):
         """Send ``x[displs[r]:displs[r]+sendcounts[r]]`` to rank ``r``.
 
-        Returns ``(recv, recvcounts)``; counts are exchanged first.
+        Returns ``(recv, recvcounts)``; counts are exchanged first unless the
+        caller knows them (``recvcounts``: what each rank sends this one).
         """
         check_dtype(x, reduce=False)
         sendcounts = np.asarray(sendcounts, dtype=_COUNT_DTYPE)
@@ -359,9 +362,12 @@ class Communicator:
                 f"alltoallv: sendcounts must have {self.size} entries summing to "
                 f"{x.size}, got {sendcounts.tolist()}"
             )
-        recvcounts = np.empty_like(sendcounts)
-        with self._timed("alltoall_counts", 8 * (self.size - 1)):
-            self.comm.Alltoall(sendcounts, recvcounts)
+        if recvcounts is not None:
+            recvcounts = np.asarray(recvcounts, dtype=_COUNT_DTYPE)
+        else:
+            recvcounts = np.empty_like(sendcounts)
+            with self._timed("alltoall_counts", 8 * (self.size - 1)):
+                self.comm.Alltoall(sendcounts, recvcounts)
         self._agree("alltoallv", (dtype_name(x),), lambda s: f"dtype {s[0]}")
         sdispl = np.concatenate(([0], np.cumsum(sendcounts)[:-1]))
         rdispl = np.concatenate(([0], np.cumsum(recvcounts)[:-1]))

@@ -155,6 +155,9 @@ def collective_result(comm, *, scheme: str, density_target: float, timer, step_b
     """
     timing = timing_fields(reduce_over_ranks(comm, timer.means()))
     slowest, typical = slowest_per_step_over_ranks(comm, timer.records, ("mean", "median"))
+    wire = config.get("wire_dtype", config.get("scheme.wire_dtype"))  # the scheme's own option (resolved)
+    known.setdefault("wire_dtype", wire)
+    known.setdefault("overlap", bool(config["overlap"]) if "overlap" in config else None)
     known.setdefault("phases_slowest_step", slowest)
     known.setdefault("phases_median_step", typical)
     per_rank = comm.allgather_obj({"bytes": float(np.mean(step_bytes)) if len(step_bytes) else 0.0,

@@ -24,7 +24,7 @@ EXCHANGE_KEYS = ("exchange_seconds", "exchange_seconds_mean_over_ranks", "exchan
 
 _OPTIONAL = ("skipped_steps", "metrics", "diagnostics", "k", "layers", "gradient_buffer_bytes",
              "peak_rss_bytes_per_rank", "provenance", "staging_copies_per_step", "rss_bytes_at_step",
-             "hierarchy", "floor")
+             "hierarchy", "floor", "wire_dtype", "overlap")
 
 
 @dataclass
@@ -133,6 +133,12 @@ class RunResult:
         ranks) and ``seconds_median`` (each step's max over ranks, median
         over steps).  A step's compute (``compensate + select + update``)
         divided by it is the step's distance from its floor.
+    ``wire_dtype``, ``overlap``
+        data-parallel runs: the values' type on the wire (``float32``,
+        ``float16``, ``bfloat16``; absent for a scheme that sends float32
+        only) and whether the exchange ran bucket by bucket during backward
+        (``train --overlap``): what names a dense baseline ("dense
+        (float16, overlapped)", :attr:`RunResult.label`).
     ``hierarchy``
         ``--hierarchical`` runs (``bench step``): ``hosts``, ``ranks_per_host``
         (a list, one entry per host) and ``cross_host_bytes_per_step`` (the
@@ -212,6 +218,8 @@ class RunResult:
     phases_slowest_step: dict[str, float] | None = None
     phases_median_step: dict[str, float] | None = None
     floor: dict[str, float] | None = None
+    wire_dtype: str | None = None
+    overlap: bool | None = None
     # -- provenance (schema version 2)
     provenance: dict[str, Any] | None = None
     # -- runtime-specific blocks
@@ -226,6 +234,14 @@ class RunResult:
             raise ValueError(f"runtime {self.runtime!r} is not one of {', '.join(RUNTIME_NAMES)}")
 
     # ------------------------------------------------------------ views of the fields
+    @property
+    def label(self) -> str:
+        """The scheme with what sets its baseline apart: ``dense (float16, overlapped)``; the bare name for
+        float32 values exchanged after backward."""
+        marks = [self.wire_dtype] if self.wire_dtype not in (None, "float32") else []
+        marks += ["overlapped"] if self.overlap else []
+        return f"{self.scheme} ({', '.join(marks)})" if marks else self.scheme
+
     @property
     def final_metrics(self) -> dict[str, Any]:
         """``metrics["final"]`` (empty for a run without metrics)."""

@@ -133,7 +133,7 @@ def _bench_table(res: RunResult) -> str:
         extra["floor e += g"] = (f"{fl * 1e3:.3f} ms; compute {compute_seconds(res) * 1e3:.3f} ms = "
                                  f"{compute_seconds(res) / fl:.2f}x floor" if fl > 0 else "0 ms")
     return format_table(
-        f"\n{res.scheme} on {model} ({res.n:,} elements, {res.layers} layers), "
+        f"\n{res.label} on {model} ({res.n:,} elements, {res.layers} layers), "
         f"W={res.world_size}, density {res.density_target:g}",
         res.phase_table(),
         {"density_actual": f"{res.density_actual:.6f}",
@@ -157,18 +157,18 @@ def _train_table(res: RunResult) -> str:
         extra.update(mp_summary(res))
     names = [k for k in (TRAIN_PHASES if res.ps is None else tuple(res.phases))
              if k in res.phases or (res.mp is None and k not in _OPTIONAL_TRAIN_PHASES)]
-    return format_table(f"{res.scheme}: per-phase time per step (ms), {res.n:,} parameters",
+    return format_table(f"{res.label}: per-phase time per step (ms), {res.n:,} parameters",
                         res.phase_table(names), extra)
 
 
 def format_comparison(results: Sequence[RunResult]) -> str:
     """``bench step`` with several schemes: step time, speedup over the first, bytes, density, peak memory."""
     base = results[0]
-    rows = [[r.scheme, f"{r.step_seconds * 1e3:.2f}", f"{base.step_seconds / r.step_seconds:.2f}x",
+    rows = [[r.label, f"{r.step_seconds * 1e3:.2f}", f"{base.step_seconds / r.step_seconds:.2f}x",
              f"{r.bytes_sent_per_rank:,.0f}", f"{r.density_actual:.5f}", _rss_cell(r)] for r in results]
     table = _table([("scheme", "<"), ("step ms", ">"), ("speedup", ">"), ("bytes/rank", ">"), ("density", ">"),
                     ("peak RSS/rank", ">")], rows)
-    return _render(table, f"(speedup relative to {base.scheme}; times are the slowest rank's)")
+    return _render(table, f"(speedup relative to {base.label}; times are the slowest rank's)")
 
 
 def _rss_cell(r: RunResult) -> str:
@@ -187,7 +187,7 @@ def format_train_comparison(results: Sequence[RunResult]) -> str:
     for r in results:
         f = r.final_metrics
         acc = f"{100 * f['test_accuracy']:.2f}%" if "test_accuracy" in f else f"ppl {f.get('test_perplexity', 0):.1f}"
-        rows.append([r.scheme, acc, f"{f.get('test_loss', float('nan')):.4f}", f"{r.step_seconds * 1e3:.2f}",
+        rows.append([r.label, acc, f"{f.get('test_loss', float('nan')):.4f}", f"{r.step_seconds * 1e3:.2f}",
                      f"{r.bytes_sent_per_rank:,.0f}", f"{r.density_actual:.5f}"])
     return _render(_table([("scheme", "<"), ("test acc", ">"), ("test loss", ">"), ("step ms", ">"),
                            ("bytes/rank", ">"), ("density", ">")], rows))

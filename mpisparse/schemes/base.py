@@ -27,10 +27,12 @@ from .. import backend
 from ..backend.fusion import FusionLayout
 from .memory import Memory, make_memory
 from ..registry import SCHEMES, SchemeBase, SchemeOption, k_for, register, scheme_class, validate_density
+from ..mpi import wire
+from ..mpi.wire import WIRE_DTYPES
 from ..results.timing import PhaseTimer
 
-__all__ = ["CollectiveScheme", "SCHEMES", "SELECT_KERNEL", "Scheme", "SchemeOption", "SparseGatherScheme", "k_for",
-           "register", "scatter_sum", "scheme_class", "validate_density"]
+__all__ = ["CollectiveScheme", "SCHEMES", "SELECT_KERNEL", "Scheme", "SchemeOption", "SparseGatherScheme", "WIRE_DTYPE",
+           "k_for", "register", "scatter_sum", "scheme_class", "validate_density"]
 
 #: the selection primitive of the schemes that declare it (:mod:`mpisparse.backend.reference`)
 SELECT_KERNEL = SchemeOption(
@@ -38,6 +40,14 @@ SELECT_KERNEL = SchemeOption(
     "topk, cltk, deft, dct: the selection primitive; native = this toolkit's linear-time kernels, "
     "torch = torch.topk (the DEFT reference's), sort = copy-and-sort (DCT's); the others reproduce the "
     "papers' timings", choices=("native", "torch", "sort"))
+
+#: the values' type on the wire (:mod:`mpisparse.mpi.wire`); a scheme that declares it sends 16-bit values where
+#: asked and keeps their rounding error in its memory
+WIRE_DTYPE = SchemeOption(
+    "wire_dtype", str, "float32",
+    "dense, topk, threshold, randomk, cltk, deft, dgc, dct: the values' type on the wire (indices stay 32-bit); "
+    "float16 divides by the world size before a sum (no overflow), bfloat16 keeps float32's range; sums are "
+    "float32 (a reduce-scatter), the rounding error stays in the error feedback", choices=WIRE_DTYPES)
 
 
 class CollectiveScheme(SchemeBase):
@@ -58,6 +68,22 @@ class CollectiveScheme(SchemeBase):
     #: the compiled loops a host step calls (names of :data:`mpisparse.backend.compiled.KERNELS`), loaded by
     #: :meth:`warm_up` before the full-size buffers exist
     compiled_kernels: ClassVar[tuple[str, ...]] = ()
+
+    #: why the scheme sends float32 values only, for the one-line refusal of another ``--wire-dtype`` (a
+    #: scheme that can carry 16-bit values declares :data:`WIRE_DTYPE` among its options instead)
+    wire_refusal: ClassVar[str] = "its exchange is not written for 16-bit values"
+
+    @classmethod
+    def validate_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """As :meth:`SchemeBase.validate_options`; a ``wire_dtype`` other than float32 for a scheme without
+        the option is refused in one line naming the scheme and the allowed value."""
+        if "wire_dtype" in options and not any(o.name == "wire_dtype" for o in cls.options):
+            options = dict(options)
+            value = options.pop("wire_dtype")
+            if value not in (None, "float32"):
+                raise ValueError(f"--wire-dtype is {value!r}; scheme {cls.name!r} sends float32 values only "
+                                 f"({cls.wire_refusal}); allowed values are float32")
+        return super().validate_options(options)
 
     @classmethod
     def bucket_reason(cls, options: dict[str, Any]) -> str | None:
@@ -80,6 +106,8 @@ class CollectiveScheme(SchemeBase):
 
         #: the selection primitive (``--select-kernel``; "native" for schemes without the option)
         self.select_kernel = check_kernel(self.opts.get("select_kernel") or "native")
+        #: the values' type on the wire (``--wire-dtype``; float32 for schemes without the option)
+        self.wire = self.opts.get("wire_dtype") or "float32"
         self._out = None
         #: where this step writes its update: the caller's ``out``, or None (the scheme's own vector)
         self._target = None
@@ -188,6 +216,26 @@ class CollectiveScheme(SchemeBase):
 
     def _step(self, grad):
         raise NotImplementedError
+
+    # -------------------------------------------------------------- the wire's values
+    def sum_values(self, vals):
+        """The sum over ranks of this rank's float32 ``vals``, in place, sent as :attr:`wire` values
+        (:func:`mpisparse.mpi.wire.allreduce_sum`).  Returns what the wire lost of them (``vals - sent``;
+        None for float32), for :meth:`keep_lost` after the memory's update."""
+        lost = None if self.wire == "float32" else vals - wire.sent_values(vals, self.wire, self.comm.size)
+        wire.allreduce_sum(self.comm, vals, self.wire)
+        return lost
+
+    def gather_values(self, vals, counts):
+        """``(every rank's vals as float32, what the wire lost of this rank's: None for float32)``, the
+        values sent as :attr:`wire` values with an Allgatherv (``counts`` from the indices' call)."""
+        lost = None if self.wire == "float32" else vals - wire.round_trip(vals, self.wire)
+        return wire.allgather_values(self.comm, vals, counts, self.wire), lost
+
+    def keep_lost(self, idx, lost) -> None:
+        """What the wire lost at ``idx`` back into the memory (nothing for float32 or without a memory)."""
+        if lost is not None:
+            self.memory.keep(idx, lost)
 
     def fused_residual(self, grad):
         """The residual a compiled pass may compensate in place (``e += g`` inside its own pass), made on
@@ -312,10 +360,11 @@ class SparseGatherScheme(CollectiveScheme):
         with self.phase("exchange_indices"):
             all_idx, counts = self.comm.allgatherv(idx)
         with self.phase("exchange_values"):
-            all_vals, _ = self.comm.allgatherv(vals, counts)
+            all_vals, lost = self.gather_values(vals, counts)
         with self.phase("update"):
             if not sent:
                 self.memory.update(acc, idx)
+            self.keep_lost(idx, lost)
             out, clear = self.output_to_clear(getattr(self, "_last_indices", None))
             scatter_sum(out, all_idx, all_vals, counts, 1.0 / self.comm.size, clear=clear)
         self._last_indices = all_idx

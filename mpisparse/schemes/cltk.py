@@ -77,7 +77,7 @@ import numpy as np
 from .. import backend
 from ..backend import reference
 from .memory import Memory, NoMemory, accumulate, restored, saved
-from .base import SELECT_KERNEL, Scheme, SchemeOption, register
+from .base import SELECT_KERNEL, WIRE_DTYPE, Scheme, SchemeOption, register
 
 
 # --------------------------------------------------------------------------- pure functions
@@ -256,6 +256,10 @@ class LowPassMemory(Memory):
             raise RuntimeError("LowPassMemory.update was called before compensate.")
         lowpass_update(self.residual, acc, sent_indices, self.beta)
 
+    def keep(self, indices, error) -> None:
+        """The wire's rounding of the sent values stays in ``acc - g``, filtered like the rest (eq. 5)."""
+        self.residual[indices] += self.residual.dtype.type(self.beta) * error
+
     def clear(self) -> None:
         """Forget everything (warm-up): ``m = 0``, buffers kept."""
         if self.residual is not None:
@@ -291,6 +295,7 @@ class CLTK(Scheme):
                      "cltk: first iterations uncompressed (dense Allreduce, memory cleared)",
                      low=0),
         SELECT_KERNEL,
+        WIRE_DTYPE,
     )
 
     def __init__(self, *args, **kw):
@@ -344,9 +349,11 @@ class CLTK(Scheme):
             comm.bcast(idx, root=leader)  # Alg. 1 l.6: everyone follows the leader's set
         with self.phase("exchange_values"):
             local = acc[idx]  # eq. 3: CLT_L(acc_i), this rank's own values
-            total = comm.allreduce(local)  # Alg. 1 l.8-11, eq. 1: reduce, not gather
+            total = local.copy()
+            lost = self.sum_values(total)  # Alg. 1 l.8-11, eq. 1: reduce, not gather
         with self.phase("update"):
             self.memory.update(acc, idx)  # Alg. 1 l.7, eq. 5
+            self.keep_lost(idx, lost)  # (a 16-bit wire's rounding: g_i is what was sent)
             out = self.write_output(idx, total, 1.0 / comm.size, self._out_indices)  # Alg. 1 l.10: (1/W) sum
         self.leader, self.last_indices = leader, idx
         self._out_indices = idx.copy()  # a non-leader's idx is the receive buffer the next Bcast overwrites

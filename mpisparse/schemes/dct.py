@@ -59,7 +59,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import reference
-from .base import SELECT_KERNEL, Offer, SchemeOption, SparseGatherScheme, register
+from .base import SELECT_KERNEL, WIRE_DTYPE, Offer, SchemeOption, SparseGatherScheme, register
 
 #: Relative guard of ``floor(N eta)`` against float products like 28.999...
 _FLOOR_GUARD = 1e-9
@@ -192,6 +192,7 @@ class DCT(SparseGatherScheme):
                      "dct: threshold life-span L, recompute each layer's top-K threshold when L divides "
                      "the iteration", low=1),
         SELECT_KERNEL,
+        WIRE_DTYPE,
     )
 
     def __init__(self, *args, **kw):

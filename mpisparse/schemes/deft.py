@@ -112,7 +112,7 @@ from ..backend import compiled_compensate, numpy_segment_topk, numpy_select, ref
 from .deft_partition import (Layer, assign_local_k, bin_pack, decode_bins, encode_bins, leader, my_part, split_large,
                              two_stage_partition)
 from .deft_selection import predicted_speedup, selection_cost
-from .base import SELECT_KERNEL, Scheme, k_for, register, validate_density
+from .base import SELECT_KERNEL, WIRE_DTYPE, Scheme, k_for, register, validate_density
 
 #: Cost model of the leader's bin packing (Alg. 4 l.6-8): ``"size"``, one
 #: unit per element, because the segmented top-k makes one pass over each
@@ -297,7 +297,7 @@ def simulate_selection_times(layout, grad, density: float, world_size: int,
 class Deft(Scheme):
     """DEFT (Alg. 1-5 of the DEFT paper); see the module docstring."""
 
-    options = (SELECT_KERNEL,)
+    options = (SELECT_KERNEL, WIRE_DTYPE)
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
@@ -384,11 +384,12 @@ class Deft(Scheme):
 
         with self.phase("exchange_values"):
             vals = acc[all_idx]  # Alg. 1 l.8
-            self.comm.allreduce(vals, vals)  # Alg. 1 l.9
+            lost = self.sum_values(vals)  # Alg. 1 l.9 (values as --wire-dtype; the rounding is kept below)
 
         with self.phase("update"):
             out = self.write_output(all_idx, vals, 1.0 / W, self._last_indices)  # Alg. 1 l.10: (1/n) g_t
             self.memory.update(acc, all_idx)  # Alg. 1 l.11-12: acc[idx_t] = 0; e = acc
+            self.keep_lost(all_idx, lost)
 
         self._prev_ks = ks
         self.last_select_seconds = (s1 - s0) + (s3 - s2)

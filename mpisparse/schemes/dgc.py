@@ -84,7 +84,7 @@ import numpy as np
 from .. import backend
 from ..backend import numpy_select as nk
 from .memory import Memory, accumulate, restored, saved
-from .base import SchemeOption, SparseGatherScheme, k_for, register, scatter_sum
+from .base import WIRE_DTYPE, SchemeOption, SparseGatherScheme, k_for, register, scatter_sum
 
 #: More than ``UPPER * k`` candidates: take the exact top k of the candidates.
 UPPER = 1.3
@@ -312,6 +312,11 @@ class MomentumCorrectionMemory(Memory):
             self.u[sent_indices] = 0
             self.v[sent_indices] = 0
 
+    def keep(self, indices, error) -> None:
+        """What the wire lost of the sent velocity stays in ``v`` (``u`` stays masked)."""
+        if self.accumulate:
+            self.v[indices] += error
+
     def reset(self) -> None:
         self.u = None
         self.v = None
@@ -351,6 +356,7 @@ class DGC(SparseGatherScheme):
         SchemeOption("density_warmup_iters", int, 0,
                      "dgc: iterations over which the density falls exponentially from 0.25 to --density",
                      low=0),
+        WIRE_DTYPE,
     )
 
     @classmethod
@@ -409,9 +415,10 @@ class DGC(SparseGatherScheme):
         with self.phase("exchange_indices"):  # Alg. step 7
             all_idx, counts = self.comm.allgatherv(idx)
         with self.phase("exchange_values"):
-            all_vals, _ = self.comm.allgatherv(vals, counts)
+            all_vals, lost = self.gather_values(vals, counts)
         with self.phase("update"):
             self.memory.update(v, idx)  # Alg. step 8
+            self.keep_lost(idx, lost)  # a 16-bit wire's rounding stays in v
             out, clear = self.output_to_clear(getattr(self, "_last_indices", None))
             scatter_sum(out, all_idx, all_vals, counts, 1.0 / W, clear=clear)  # Alg. step 7: mean
         self._last_indices = all_idx

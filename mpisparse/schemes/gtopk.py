@@ -190,6 +190,9 @@ def gtopk_bytes(rank: int, world: int, k: int, index_itemsize: int = 4) -> int:
 class GTopK(Scheme):
     """gTop-k S-SGD (Shi et al. 2019): the same global top-k set on every rank."""
 
+    wire_refusal = ("each of its log2(W) merges sums and re-selects partial sums: a 16-bit wire would round "
+                    "them at every level, and no rank's memory could keep that rounding")
+
     #: its tree pairs ranks point-to-point and each merge decides which values survive: a host-aware
     #: pairing would change the result, so ``--hierarchical`` does not apply
     hierarchical = False

@@ -68,6 +68,12 @@ class Memory:
     def update(self, acc, sent_indices) -> None:
         raise NotImplementedError
 
+    def keep(self, indices, error) -> None:
+        """After :meth:`update`: what the wire lost at ``indices`` (``acc - sent``: a 16-bit value's
+        rounding, ``--wire-dtype``) stays in the memory, so that mass is conserved.  Kept nowhere without
+        a memory (``--no-memory``: dropped like every unsent value)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -108,6 +114,12 @@ class ResidualMemory(Memory):
             self.residual.fill(0)
         else:
             self.residual[sent_indices] = 0
+
+    def keep(self, indices, error) -> None:
+        if indices is None:
+            self.residual += error
+        else:
+            self.residual[indices] += error  # the indices of one rank's set do not repeat
 
     def reset(self) -> None:
         self.residual = None

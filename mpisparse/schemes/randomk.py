@@ -10,12 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from .base import Scheme, register
+from .base import WIRE_DTYPE, Scheme, register
 
 
 @register("randomk")
 class RandomK(Scheme):
 
+    options = (WIRE_DTYPE,)
     _out_indices = None  # the entries the output holds (zeroed at the next step)
 
     def indices(self, iteration: int, like=None):
@@ -30,9 +31,10 @@ class RandomK(Scheme):
             idx = self.indices(self.iteration, like=acc)
             vals = acc[idx]
         with self.phase("exchange_values"):
-            self.comm.allreduce(vals, vals)
+            lost = self.sum_values(vals)
         with self.phase("update"):
             self.memory.update(acc, idx)
+            self.keep_lost(idx, lost)
             out = self.write_output(idx, vals, 1.0 / self.comm.size, self._out_indices)
         self._out_indices = idx
         return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from .base import Offer, SchemeOption, SparseGatherScheme, register
+from .base import WIRE_DTYPE, Offer, SchemeOption, SparseGatherScheme, register
 
 
 @register("threshold")
@@ -23,6 +23,7 @@ class Threshold(SparseGatherScheme):
         SchemeOption("threshold", float, None,
                      "threshold: fixed magnitude threshold tau (default: calibrated at step 1 from --density)",
                      low=0.0),
+        WIRE_DTYPE,
     )
 
     @classmethod

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import reference
-from .base import SELECT_KERNEL, Offer, SchemeOption, SparseGatherScheme, register
+from .base import SELECT_KERNEL, WIRE_DTYPE, Offer, SchemeOption, SparseGatherScheme, register
 
 
 @register("topk")
@@ -27,6 +27,7 @@ class TopK(SparseGatherScheme):
         SchemeOption("layerwise", bool, False,
                      "topk: select ceil(density * size) entries in each layer instead of over the whole vector"),
         SELECT_KERNEL,
+        WIRE_DTYPE,
     )
 
     @classmethod

@@ -111,6 +111,7 @@ class _DistributedMixin:
         self.params = [p for _, p in named]
         self.layout = FusionLayout([(n, tuple(p.shape)) for n, p in named])
         self.compression = compression
+        scheme_options = _wire_options(scheme, compression, scheme_options)
         self.backward_passes_per_step = int(backward_passes_per_step)
         self.op = op
         self.gradient_predivide_factor = float(gradient_predivide_factor)
@@ -176,12 +177,10 @@ class _DistributedMixin:
             p.grad.copy_(flat[s.offset:s.end].view(p.grad.shape))
 
     def _prepare(self, flat: torch.Tensor) -> None:
-        """Predivide and round (fp16 compression) a part of the fusion buffer in place, before the exchange."""
+        """Predivide a part of the fusion buffer in place, before the exchange (fp16 compression is the
+        scheme's wire dtype: the scheme rounds what it sends, :func:`_wire_options`)."""
         if self.gradient_predivide_factor != 1.0:
             flat.div_(self.gradient_predivide_factor)
-        if self.compression is not None and getattr(self.compression, "__name__", "") == "_FP16Compression":
-            # the values the wire carries: rounded to float16 (the dense exchange sums them in float32)
-            flat.copy_(flat.to(torch.float16).to(torch.float32))
 
     def _gather_grads(self) -> None:
         """Copy ``.grad`` into the fusion buffer (torch ops on the device) and flag a non-finite value."""
@@ -410,6 +409,18 @@ def join(device: int = -1) -> int:
         opt._active, opt._joining_now = 1, -1
 
 
+def _wire_options(scheme: str, compression, options: dict[str, Any]) -> dict[str, Any]:
+    """The scheme's options with ``Compression.fp16`` as its wire dtype (``wire_dtype="float16"``: float16
+    values on the wire, half the bytes); ValueError for a ``wire_dtype`` that disagrees."""
+    if getattr(compression, "__name__", "") != "_FP16Compression":
+        return options
+    given = options.get("wire_dtype")
+    if given not in (None, "float16"):
+        raise ValueError(f"compression=Compression.fp16 sends float16 values but wire_dtype is {given!r}; "
+                         "allowed: wire_dtype='float16' or omitted")
+    return {**options, "wire_dtype": "float16"}
+
+
 def _default_comm() -> Communicator:
     from . import api as torch_api
 
@@ -428,8 +439,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     optimizer's parameters, named by position); an ``nn.Module`` is also
     accepted (the older form ``DistributedOptimizer(opt, model, scheme,
     density)``), and then its float buffers are broadcast with the parameters.
-    compression: ``Compression.none`` or ``Compression.fp16`` (values rounded
-    to float16 before the exchange). op: Average or Sum.
+    compression: ``Compression.none`` or ``Compression.fp16`` (float16 values on
+    the wire, half the bytes: the scheme's ``wire_dtype="float16"``; ``wire_dtype="bfloat16"``
+    is the other 16-bit wire, see docs/torch.md). op: Average or Sum.
     scheme, density, memory, seed, **scheme_options: passed to the scheme.
     comm: a :class:`mpisparse.mpi.comm.Communicator` (the one ``init()`` started when omitted).
     broadcast: broadcast rank 0's parameters first (default: only with a model).

@@ -149,7 +149,7 @@ class CollectiveStep(ModelStep):
         sgd = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.0 if provides_momentum else cfg.momentum,
                               weight_decay=cfg.weight_decay)
         self.dopt = DistributedOptimizer(sgd, model, cfg.scheme, cfg.density, comm=comm, timer=self.timer,
-                                         memory=cfg.memory, seed=cfg.seed, **opts)
+                                         memory=cfg.memory, seed=cfg.seed, overlap=cfg.overlap, **opts)
         W, rank = comm.size, comm.rank
         if lm:
             self.test_batches = lm_batches(ds.test_x, cfg.batch_size, cfg.bptt, rank=rank, world=W)
@@ -162,7 +162,9 @@ class CollectiveStep(ModelStep):
         self.diagnostics: list[dict[str, float]] = []
 
     def bytes_sent(self) -> int:
-        return self.comm.bytes_sent
+        """This rank's bytes so far, the buckets' own communicator's included (``--overlap``)."""
+        buckets = self.dopt.overlap
+        return self.comm.bytes_sent + (buckets.bytes_sent if buckets is not None else 0)
 
     def train_batch(self, b, batch) -> StepOutcome:
         x, y = batch
