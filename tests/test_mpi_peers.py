@@ -1,0 +1,45 @@
+"""MPI tests of the peers' schemes: ``powersgd`` (against PyTorch's own ``powerSGD_hook`` and a NumPy
+reference) and ``oktopk`` (a NumPy reference and the paper's byte bound), plus both through ``bench step``.
+
+One bounded ``mpiexec`` job per case (see conftest.mpi_run); the rank scripts raise on any mismatch.
+"""
+
+import pytest
+
+from conftest import bench_step, rank_script
+
+pytestmark = pytest.mark.mpi
+
+
+def test_powersgd_equals_pytorchs_hook():
+    """2 ranks open a gloo group beside MPI: powerSGD_hook under DDP and powersgd give the same aggregate."""
+    pytest.importorskip("torch")
+    out = rank_script("powersgd", 2, "torch")
+    assert out.stdout.count("equal to powerSGD_hook") == 2, out.stdout
+
+
+def test_powersgd_numpy_reference_at_3_ranks():
+    rank_script("powersgd", 3, "--check")
+
+
+@pytest.mark.parametrize("ranks, args", [(2, ()), (3, ("--check",)), (4, ())])
+def test_oktopk_numpy_reference_and_byte_bound(ranks, args):
+    rank_script("oktopk", ranks, *args)
+
+
+def test_peers_through_bench_step(tmp_path):
+    """ncf-shaped gradients at W = 2, both in one job: powersgd's bytes are its factors' (every timed step
+    compressed), oktopk's stay under the paper's bound on its estimation steps (tau = 1: every step)."""
+    from mpisparse.backend.fusion import FusionLayout
+    from mpisparse.models.shapes import MODELS
+    from mpisparse.schemes.oktopk import oktopk_bound_bytes
+    from mpisparse.schemes.powersgd import powersgd_elements
+
+    psgd, ok = bench_step(2, tmp_path, "--scheme", "powersgd", "--scheme", "oktopk", "--density", "0.01",
+                          "--iters", "2", "--warmup", "1", "--matrix-approximation-rank", "2", "--tau", "1")
+    elements = powersgd_elements(FusionLayout(MODELS["ncf"]()), 2)
+    assert psgd["scheme"] == "powersgd" and psgd["density_actual"] == 1.0
+    assert psgd["bytes_sent_per_rank"] == elements * 4  # ring Allreduce at W = 2: 2 (W-1)/W = 1
+    assert elements < psgd["n"] / 5
+    assert ok["scheme"] == "oktopk" and 0 < ok["bytes_sent_per_rank"] < oktopk_bound_bytes(ok["k"], 2)
+    assert ok["density_actual"] <= 2 * ok["k"] / ok["n"]
