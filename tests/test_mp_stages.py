@@ -123,7 +123,6 @@ def test_check_mp_options():
         (dict(model="resnet18", data="cifar10"), "--model resnet18 cannot be split"),
         (dict(micro_batches=33), r"--micro-batches is 33; allowed range is \[1, --batch-size 32\]"),
         (dict(split_after=["net.7"]), "'net.7' is not a layer"),
-        (dict(checkpoint=True), "not supported with --mp-stages"),
         (dict(stages=7), "7 stages need 7 layers with parameters"),
     ]:
         with pytest.raises(ValueError, match=msg):

@@ -104,3 +104,11 @@ def test_laplace_threshold_reports_the_occupancy_it_reaches(tmp_path):
     assert s["bytes_backward"] == pytest.approx(s["occupancy"] * s["dense_bytes_backward"], rel=1e-9)
     assert r["metrics"]["final"]["test_accuracy"] > 0.8
     assert "tau" in p.stdout
+
+
+def test_a_resumed_pipeline_ends_where_an_uninterrupted_one_does():
+    """One launch (tests/mpi/check_mp_resume.py): hybrid (2 replicas x 2 stages, dct-mp, --dp-scheme topk) and
+    plain (2 stages, Laplace threshold): 2 epochs = 1 epoch with a checkpoint + a resume to 2, exactly;
+    a resume with other pipeline options is refused."""
+    p = mpi_run(4, [mpi_script("check_mp_resume.py")])
+    assert "mp_resume OK on 4 ranks" in p.stdout

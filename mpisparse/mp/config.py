@@ -28,7 +28,7 @@ def parse_split_after(text: str | None) -> list[str]:
 
 def check_mp_options(*, model: str, data: str, schemes: Sequence[str], stages: int, split_after: Sequence[str],
                      micro_batches: int, batch_size: int, dp_scheme: str | None, dp_density: float | None,
-                     world: int | None = None, checkpoint: bool = False, clip: float = 0.0) -> bool:
+                     world: int | None = None, clip: float = 0.0) -> bool:
     """Validate the pipeline options before MPI starts; True when the run is a pipeline run.
 
     A pipeline run has ``--mp-stages`` >= 2 or a pipeline scheme (an :class:`MPScheme`).
@@ -66,8 +66,6 @@ def check_mp_options(*, model: str, data: str, schemes: Sequence[str], stages: i
                              f"-n {world} with --mp-stages {stages} gives {replicas}")
     if micro_batches < 1 or micro_batches > batch_size:
         raise ValueError(f"--micro-batches is {micro_batches}; allowed range is [1, --batch-size {batch_size}]")
-    if checkpoint:
-        raise ValueError("--checkpoint/--resume are not supported with --mp-stages yet")
     if clip > 0:
         raise ValueError("--clip is not supported with --mp-stages (the norm would span all stages)")
 
@@ -106,4 +104,4 @@ def check_config(cfg, world: int | None = None) -> None:
             dp = None  # the default: name only the options that were set
     check_mp_options(model=cfg.model, data=cfg.data, schemes=(cfg.scheme,), stages=stages, split_after=split_after,
                      micro_batches=micro_batches, batch_size=cfg.batch_size, dp_scheme=dp, dp_density=dp_density,
-                     world=world, checkpoint=bool(cfg.checkpoint or cfg.resume), clip=cfg.clip)
+                     world=world, clip=cfg.clip)

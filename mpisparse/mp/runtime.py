@@ -84,6 +84,9 @@ class MPTrainer(TrainStep):
     """
 
     description = "the pipeline (model-parallel) runtime"
+    #: each rank's file holds its stage's parameters, optimizer (with its group's scheme state), DCT-MP's
+    #: threshold and RNG; the configuration check refuses another split, another world size is refused here
+    checkpointable = True
 
     def __init__(self, comm, cfg, mp: MPConfig, *, dataset=None):
         self.comm, self.cfg, self.mp = comm, cfg, mp
@@ -269,6 +272,33 @@ class MPTrainer(TrainStep):
 
     def evaluate(self, epoch: int) -> dict[str, float]:
         return self.evaluate_batches(self.test_batches)
+
+    # ------------------------------------------------------------ checkpoints
+    def state(self):
+        sparsifier = self.next.sparsifier if self.next is not None else None
+        opt = self.dopt.state_dict() if self.dopt is not None else self.sgd.state_dict()
+        mine = {"stage": self.stage, "replica": self.replica, "module": self.module.state_dict(),
+                "optimizer": opt, "sparsifier": None if sparsifier is None else sparsifier.state_dict(),
+                "skipped_steps": self.skipped_steps, "steps": self.steps, "torch_rng": torch.get_rng_state()}
+        return {"stages": self.mp.stages}, mine
+
+    def load_state(self, common, mine) -> None:
+        if mine is None or "module" not in mine:
+            raise ValueError(f"this pipeline checkpoint was written by {common.get('world_size')} ranks, this job "
+                             f"has {self.comm.size}: a pipeline resumes on the same number of ranks (each rank's "
+                             "file holds its stage)")
+        if (mine["stage"], mine["replica"]) != (self.stage, self.replica):
+            raise ValueError(f"checkpoint rank file of stage {mine['stage']} replica {mine['replica']} loaded by "
+                             f"stage {self.stage} replica {self.replica}")
+        self.module.load_state_dict(mine["module"])
+        if self.dopt is not None:
+            self.dopt.load_state_dict(mine["optimizer"])
+        else:
+            self.sgd.load_state_dict(mine["optimizer"])
+        if mine["sparsifier"] is not None:
+            self.next.sparsifier.load_state_dict(mine["sparsifier"])
+        self.skipped_steps, self.steps = int(mine["skipped_steps"]), int(mine["steps"])
+        torch.set_rng_state(mine["torch_rng"])
 
     # ------------------------------------------------------------ the result object
     def _split_report(self) -> dict[str, Any]:
