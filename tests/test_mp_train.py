@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import mpi_run, mpi_script  # noqa: E402
+from conftest import TORCH_CASES, mpi_run, rank_case  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -29,8 +29,7 @@ def batch_rows(n, batch):
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_pipeline_equals_single_process_training(ranks):
     """mlp/cnn/dlrm at 2-3 stages (exact at density 1 and with the mask layer), micro-batches, hybrid."""
-    p = mpi_run(ranks, [mpi_script("check_mp_pipeline.py")])
-    assert f"mp pipeline OK on {ranks} ranks" in p.stdout
+    rank_case("mp_pipeline", ranks, family=TORCH_CASES, label="mp pipeline")
 
 
 def test_digits_two_stages_dct_mp_accuracy_and_exact_bytes(tmp_path):

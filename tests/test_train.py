@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import HERE, mpi_run, mpi_script, mpiexec_prefix  # noqa: E402
+from conftest import HERE, TORCH_CASES, mpi_run, mpiexec_prefix, rank_case  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -29,8 +29,7 @@ def train(tmp_path, name, *args, ranks=2, check=True):
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_wrapper_update_equals_numpy_reference_and_skips_nan(ranks):
-    p = mpi_run(ranks, [mpi_script("check_torch_wrapper.py")])
-    assert f"wrapper OK on {ranks} ranks" in p.stdout
+    rank_case("torch_wrapper", ranks, family=TORCH_CASES, label="wrapper")
 
 
 @pytest.fixture(scope="module")
