@@ -15,7 +15,9 @@ import re
 import subprocess
 import sys
 import time
+import tempfile
 import types
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +136,162 @@ def rank_script(name: str, ranks: int, *args: str, label: str | None = None, **k
     return out
 
 
+# --------------------------------------------------------------------------- many cases in one job
+#: the seconds one case of :func:`rank_case` may run before its job is ended (``faulthandler`` on each rank)
+CASE_TIMEOUT = int(os.environ.get("MPISPARSE_TEST_CASE_TIMEOUT", "90"))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One rank script with its arguments: ``tests/mpi/check_NAME.py ARGS``."""
+
+    name: str
+    args: tuple[str, ...] = ()
+    timeout: int = CASE_TIMEOUT
+
+    @property
+    def id(self) -> str:
+        return " ".join((self.name, *self.args))
+
+
+@dataclass
+class CaseOutcome:
+    ok: bool
+    stdout: str = ""
+    error: str = ""
+    seconds: float = 0.0
+
+
+def _read_case_logs(out: Path, ranks: int) -> dict[str, dict[int, dict]]:
+    """``{case id: {rank: its last record}}`` from the ranks' logs (see tests/mpi/run_cases.py)."""
+    seen: dict[str, dict[int, dict]] = {}
+    for r in range(ranks):
+        path = out / f"rank{r}.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else ():
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut short by the job's end
+                continue
+            if seen.setdefault(rec["case"], {}).get(r, {}).get("event") != "fail":  # a failure is final
+                seen[rec["case"]][r] = rec
+    return seen
+
+
+def _job_of_cases(cases: list[Case], ranks: int, args: tuple[str, ...], tmp: Path,
+                  env: dict | None) -> tuple[dict[str, CaseOutcome], subprocess.CompletedProcess, Path]:
+    """One bounded job running ``cases`` in order; the outcome of each case that has one on every rank."""
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    spec = {"out": str(out), "cases": [{"id": c.id, "script": mpi_script(f"check_{c.name}.py"),
+                                        "args": [*c.args, *args], "timeout": c.timeout} for c in cases]}
+    (out / "spec.json").write_text(json.dumps(spec))
+    try:
+        proc = mpi_run(ranks, [mpi_script("run_cases.py"), str(out / "spec.json")], check=False, env=env,
+                       timeout=sum(c.timeout for c in cases) + 30)
+    except subprocess.TimeoutExpired as exc:  # past MPIEXEC_TIMEOUT and the subprocess's own bound
+        proc = subprocess.CompletedProcess(exc.cmd, -9, str(exc.stdout or ""), str(exc.stderr or ""))
+    outcomes = {}
+    for cid, by_rank in _read_case_logs(out, ranks).items():
+        failed = [rec for rec in by_rank.values() if rec["event"] == "fail"]
+        if failed:
+            outcomes[cid] = CaseOutcome(False, failed[0].get("stdout", ""), failed[0]["error"])
+        elif len(by_rank) == ranks and all(rec["event"] == "ok" for rec in by_rank.values()):
+            rec0 = by_rank[0]
+            outcomes[cid] = CaseOutcome(True, rec0["stdout"], seconds=max(r["seconds"] for r in by_rank.values()))
+    return outcomes, proc, out
+
+
+def _job_ended_during(case: Case, ranks: int, proc: subprocess.CompletedProcess, out: Path) -> str:
+    """What is known of a case that has no outcome: the job ended (or hung) while it ran."""
+    hangs = [p.read_text() for p in sorted(out.glob("rank*.hang")) if "most recent call first" in p.read_text()]
+    return (f"case {case.id!r} on {ranks} ranks has no result: its job ended with {proc.returncode}"
+            + (f"\n--- stacks of the ranks past the time limit\n{hangs[0][-6000:]}" if hangs else "")
+            + f"\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}")
+
+
+def run_cases(cases: list[Case], ranks: int, args: tuple[str, ...] = (),
+              env: dict | None = None) -> dict[str, CaseOutcome]:
+    """Run every case of ``cases`` on ``ranks`` ranks, in as few jobs as it takes; each one's outcome.
+
+    One job runs them in order.  A failing case is named by its rank (traceback) and ends the job; the
+    cases after it run in a new job.  A case during which the job ended without a report of its own (a
+    hang past the case's time limit, a crash, a rank killed) is run again alone, so that the failure is
+    its own and not its neighbours'; if it passes alone it still fails, with both reports.
+    """
+    outcomes: dict[str, CaseOutcome] = {}
+    with tempfile.TemporaryDirectory(prefix="mpisparse-cases-") as tmp:
+        pending = list(cases)
+        while pending:
+            got, proc, out = _job_of_cases(pending, ranks, args, Path(tmp), env)
+            outcomes.update(got)
+            rest = [c for c in pending if c.id not in outcomes]
+            if not rest:
+                break
+            if any(not o.ok for o in got.values()):  # a case that failed ended the job: run the others on
+                pending = rest
+                continue
+            suspect, ran_alone = rest[0], len(pending) == 1
+            pending = rest[1:]
+            report = _job_ended_during(suspect, ranks, proc, out)
+            if not ran_alone:
+                alone, proc, out = _job_of_cases([suspect], ranks, args, Path(tmp), env)
+                if suspect.id in alone:
+                    outcomes[suspect.id] = alone[suspect.id] if not alone[suspect.id].ok else CaseOutcome(
+                        False, error=f"passed alone, but not after the cases before it in one job:\n{report}")
+                    continue
+                report = _job_ended_during(suspect, ranks, proc, out)
+            outcomes[suspect.id] = CaseOutcome(False, error=report)
+    return outcomes
+
+
+_CASE_RESULTS: dict[tuple, dict[str, CaseOutcome]] = {}
+
+#: Rank scripts that share jobs, by the rank counts each runs at: ``rank_case(case, ranks, family=F)`` runs
+#: every case of family F at that rank count in one job (the first test of them to run starts it).
+#: Those without torch, the reference checks of every scheme first:
+NUMPY_CASES = {
+    **{name: (1, 2, 3, 4) for name in ("schemes", "cltk", "dct", "deft", "dgc", "gtopk", "comm")},
+    ("hierarchy", "one"): (1, 2), ("hierarchy", "pairs"): (3, 4), ("hierarchy", "split"): (4,),
+    "ps_comm": (2,), ("ps", "reference", "1"): (3, 4), ("ps", "reference", "2"): (4,),
+    ("ps", "shutdown", "1"): (3,), ("ps", "shutdown", "2"): (4,),
+    "gpu_comm": (2, 3),
+}
+#: the same checks with ``--check`` (every collective's counts and dtypes compared across ranks first)
+CHECKED_CASES = {name: (3,) for name in ("schemes", "cltk", "dct", "deft", "dgc", "gtopk")}
+#: those that train or wrap torch (each rank imports torch once per job)
+TORCH_CASES = {"torch_api": (1, 2, 3), "torch_hvd": (2,), "torch_overlap": (1, 2, 3), "torch_wrapper": (1, 2),
+               "mp_pipeline": (2, 3, 4), "mp_resume": (4,), "reshard": (4,)}
+
+
+def case_group(family: dict, ranks: int) -> tuple:
+    """The cases of ``family`` that run at ``ranks`` ranks, in the family's order."""
+    return tuple(case for case, counts in family.items() if ranks in counts)
+
+
+def _case(spec: str | tuple) -> Case:
+    return Case(spec) if isinstance(spec, str) else Case(spec[0], tuple(spec[1:]))
+
+
+def rank_case(case: str | tuple, ranks: int, *args: str, family: dict | None = None, group: tuple = (),
+              label: str | None = None, env: dict | None = None) -> CaseOutcome:
+    """Case ``case`` (``NAME`` or ``(NAME, its arguments...)``: tests/mpi/check_NAME.py) on ``ranks`` ranks
+    with the job-wide ``args`` (``--check``).  The first call of a ``group`` (cases given the same way,
+    ``case`` among them; ``family``: the group is :func:`case_group` of it at ``ranks``) runs all its
+    cases in one job (:func:`run_cases`); the others read their outcome.  The case must pass and report
+    ``LABEL OK on RANKS ranks`` (LABEL: NAME), as :func:`rank_script` checks of a job of its own."""
+    me = _case(case)
+    if family is not None:
+        group = case_group(family, ranks)
+    cases = tuple(_case(g) for g in group) or (me,)
+    assert me in cases, f"case {me.id!r} is not in its group {[c.id for c in cases]}"
+    key = (cases, ranks, args, tuple(sorted((env or {}).items())))
+    if key not in _CASE_RESULTS:
+        _CASE_RESULTS[key] = run_cases(list(cases), ranks, args, env)
+    outcome = _CASE_RESULTS[key][me.id]
+    assert outcome.ok, f"{me.id} on {ranks} ranks {' '.join(args)}: {outcome.error}\n{outcome.stdout[-2000:]}"
+    assert f"{label or me.name} OK on {ranks} ranks" in outcome.stdout, outcome.stdout[-2000:]
+    return outcome
+
+
 def bench_step(ranks: int, tmp_path: Path, *args: str, name: str = "bench") -> dict:
     """``mpisparse bench step --model ncf ARGS --json TMP/NAME.json`` on ``ranks`` ranks; its JSON result."""
     path = tmp_path / f"{name}.json"
@@ -152,7 +310,7 @@ FAULTS = HERE / "faults"
 
 #: what in a test module's text says it runs MPI: a launch helper, a launcher, a CLI command on ``-n`` ranks or
 #: in a subprocess (a singleton MPI process), mpi4py itself, a communicator opened in the test's own process
-MPI_USE = re.compile(r"\b(mpi_run|rank_script|bench_step|mpiexec_prefix|find_mpiexec|open_comm)\(|\bmpi4py\b"
+MPI_USE = re.compile(r"\b(mpi_run|rank_script|rank_case|run_cases|bench_step|mpiexec_prefix|find_mpiexec|open_comm)\(|\bmpi4py\b"
                      r"|\bdef test_\w+\([^)]*\bmpirun\b|[\"']-n[\"']|[\"']-m[\"'],\s*[\"']mpisparse[\"']")
 #: what says it exercises the compiled loops or their plain NumPy fallback (numba installed or not)
 FALLBACK_USE = re.compile(r"\b(numba|compiled|fused|MPISPARSE_FUSED)\b")

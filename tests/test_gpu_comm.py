@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import mpi_run, mpi_script
+from conftest import NUMPY_CASES, mpi_run, mpi_script, rank_case
 from gpu_emu.gpu import require_gpu
 from mpisparse.mpi.device import pick_device
 
@@ -44,8 +44,7 @@ def test_pick_device_rejects_bad_values():
 @pytest.mark.mpi
 @pytest.mark.parametrize("W", [2, 3])
 def test_device_path_probe_and_local_ranks_on_fake_device(W):
-    out = mpi_run(W, [mpi_script("check_gpu_comm.py")])
-    assert f"gpu comm OK on {W} ranks" in out.stdout
+    rank_case("gpu_comm", W, family=NUMPY_CASES, label="gpu comm")
 
 
 @pytest.mark.mpi

@@ -58,3 +58,44 @@ def test_the_suite_budget_fails_only_past_its_limit():
 ])
 def test_what_marks_a_module_mpi(text, runs_mpi):
     assert bool(conftest.MPI_USE.search(text)) is runs_mpi
+
+
+# --------------------------------------------------------------------------- many cases in one job
+DEMO = [("case_demo", "pass"), ("case_demo", "raise", "1"), ("case_demo", "pass", "again"),
+        ("case_demo", "exit", "1"), ("case_demo", "pass", "last")]
+
+
+def test_many_cases_in_one_job_each_outcome_its_own(monkeypatch):
+    """One job runs the cases in order; a case that raises is named with its rank's traceback and ends the
+    job, the cases after it run in a new job; a case during which a rank dies is run again alone and fails
+    on its own; the passing cases pass, each with its own output."""
+    launches = []
+    real = conftest.mpi_run
+    monkeypatch.setattr(conftest, "mpi_run", lambda n, args, **kw: launches.append(args) or real(n, args, **kw))
+    out = conftest.run_cases([conftest._case(c) for c in DEMO], 2)
+    assert [out[" ".join(c)].ok for c in DEMO] == [True, False, True, False, True]
+    assert "ValueError: demo failure on rank 1" in out["case_demo raise 1"].error
+    assert "has no result: its job ended" in out["case_demo exit 1"].error
+    assert all("case_demo OK on 2 ranks" in out[" ".join(c)].stdout for c in DEMO if c[1] == "pass")
+    # the whole list, then what followed the raise, then the crashed case alone, then the last case
+    assert len(launches) == 4, launches
+
+
+def test_a_hung_case_is_ended_at_its_time_limit_and_named_with_its_stack():
+    case = conftest.Case("case_demo", ("hang", "0"), timeout=1)
+    out = conftest.run_cases([case, conftest.Case("case_demo", ("pass",))], 2)
+    assert not out[case.id].ok and out["case_demo pass"].ok
+    err = out[case.id].error
+    assert "passed its time limit of 1 s on rank 0" in err and "check_case_demo.py" in err, err
+
+
+def test_rank_case_reads_its_groups_one_job(monkeypatch):
+    launches = []
+    real = conftest.mpi_run
+    monkeypatch.setattr(conftest, "mpi_run", lambda n, args, **kw: launches.append(args) or real(n, args, **kw))
+    group = (("case_demo", "pass"), ("case_demo", "pass", "x"))
+    for case in group:
+        assert conftest.rank_case(case, 2, group=group, label="case_demo").ok
+    assert len(launches) == 1
+    with pytest.raises(AssertionError, match="raise 0 on 2 ranks"):
+        conftest.rank_case(("case_demo", "raise", "0"), 2)

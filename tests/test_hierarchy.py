@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import bench_step, mpi_run, rank_script
+from conftest import NUMPY_CASES, bench_step, mpi_run, rank_case
 from mpisparse.config import BenchConfig
 from mpisparse.mpi.hierarchy import host_colors
 from mpisparse.runtimes import validate
@@ -27,7 +27,7 @@ def test_gtopk_refuses_hierarchical():
 
 @pytest.mark.parametrize("ranks,grouping", [(1, "one"), (2, "one"), (3, "pairs"), (4, "pairs"), (4, "split")])
 def test_two_level_collectives_and_schemes_match_flat(ranks, grouping):
-    rank_script("hierarchy", ranks, grouping)
+    rank_case(("hierarchy", grouping), ranks, family=NUMPY_CASES)
 
 
 def test_bench_step_hierarchical_reports_cross_host_bytes(tmp_path):

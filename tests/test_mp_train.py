@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import mpi_run, mpi_script  # noqa: E402
+from conftest import TORCH_CASES, mpi_run, rank_case  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -29,8 +29,7 @@ def batch_rows(n, batch):
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_pipeline_equals_single_process_training(ranks):
     """mlp/cnn/dlrm at 2-3 stages (exact at density 1 and with the mask layer), micro-batches, hybrid."""
-    p = mpi_run(ranks, [mpi_script("check_mp_pipeline.py")])
-    assert f"mp pipeline OK on {ranks} ranks" in p.stdout
+    rank_case("mp_pipeline", ranks, family=TORCH_CASES, label="mp pipeline")
 
 
 def test_digits_two_stages_dct_mp_accuracy_and_exact_bytes(tmp_path):
@@ -107,8 +106,7 @@ def test_laplace_threshold_reports_the_occupancy_it_reaches(tmp_path):
 
 
 def test_a_resumed_pipeline_ends_where_an_uninterrupted_one_does():
-    """One launch (tests/mpi/check_mp_resume.py): hybrid (2 replicas x 2 stages, dct-mp, --dp-scheme topk) and
+    """tests/mpi/check_mp_resume.py, in the 4-rank job of the torch cases: hybrid (2 replicas x 2 stages, dct-mp, --dp-scheme topk) and
     plain (2 stages, Laplace threshold): 2 epochs = 1 epoch with a checkpoint + a resume to 2, exactly;
     a resume with other pipeline options is refused."""
-    p = mpi_run(4, [mpi_script("check_mp_resume.py")])
-    assert "mp_resume OK on 4 ranks" in p.stdout
+    rank_case("mp_resume", 4, family=TORCH_CASES)

@@ -1,13 +1,14 @@
 """MPI tests of the communicator and of every collective scheme against its NumPy reference, at 1-4 ranks.
 
-Each test is one bounded ``mpiexec`` job (see conftest.mpi_run); the rank
-scripts in tests/mpi/ raise on any mismatch, which aborts their job.  The
+The rank scripts in tests/mpi/ raise on any mismatch.  All those of a rank
+count run in one bounded ``mpiexec`` job (conftest.rank_case), each
+reported as its own test; ``bench step`` runs are jobs of their own.  The
 scheme-specific ``bench step`` checks are in tests/test_mpi_<scheme>.py.
 """
 
 import pytest
 
-from conftest import SCRIPT_RUNS, bench_step, rank_script
+from conftest import CHECKED_CASES, NUMPY_CASES, SCRIPT_RUNS, bench_step, rank_case
 
 pytestmark = pytest.mark.mpi
 
@@ -20,12 +21,12 @@ REFERENCE_SCRIPTS = ["schemes", "cltk", "dct", "deft", "dgc", "gtopk"]
 @pytest.mark.parametrize("ranks, args", SCRIPT_RUNS)
 @pytest.mark.parametrize("name", REFERENCE_SCRIPTS)
 def test_schemes_match_numpy_reference(name, ranks, args):
-    rank_script(name, ranks, *args)
+    rank_case(name, ranks, *args, family=CHECKED_CASES if args else NUMPY_CASES)
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
 def test_communicator(ranks):
-    rank_script("comm", ranks)
+    rank_case("comm", ranks, family=NUMPY_CASES)
 
 
 def test_topk_build_up_grows_with_world_size(tmp_path):

@@ -9,27 +9,24 @@ import time
 
 import pytest
 
-from conftest import mpi_run, mpi_script
+from conftest import NUMPY_CASES, mpi_run, mpi_script, rank_case
 
 pytestmark = pytest.mark.mpi
 
 
 def test_point_to_point_calls_count_bytes_and_report_envelopes():
-    out = mpi_run(2, [mpi_script("check_ps_comm.py")])
-    assert "ps comm OK on 2 ranks" in out.stdout
+    rank_case("ps_comm", 2, family=NUMPY_CASES, label="ps comm")
 
 
 @pytest.mark.parametrize("ranks, servers", [(3, 1), (4, 1), (4, 2)])
 def test_schemes_match_numpy_references_and_byte_formulas(ranks, servers):
     """Plump-DP, Slim-DP, ASGD (+ gradient dropping), DGS vs NumPy; slimdp(1,1) == plumpdp; dgs(1) == asgd."""
-    out = mpi_run(ranks, [mpi_script("check_ps.py"), "reference", str(servers)])
-    assert f"ps reference OK on {ranks} ranks" in out.stdout
+    rank_case(("ps", "reference", str(servers)), ranks, family=NUMPY_CASES, label="ps reference")
 
 
 @pytest.mark.parametrize("ranks, servers", [(3, 1), (4, 2)])
 def test_workers_stopping_at_different_times_end_cleanly_with_the_server_model(ranks, servers):
-    out = mpi_run(ranks, [mpi_script("check_ps.py"), "shutdown", str(servers)], timeout=60)
-    assert f"ps shutdown OK on {ranks} ranks" in out.stdout
+    rank_case(("ps", "shutdown", str(servers)), ranks, family=NUMPY_CASES, label="ps shutdown")
 
 
 @pytest.mark.parametrize("mode", ["fail-worker", "fail-server"])

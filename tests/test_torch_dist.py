@@ -86,9 +86,9 @@ def test_the_hook_refuses_a_parameter_server_scheme_and_needs_an_initialised_gro
 @pytest.mark.mpi
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_horovod_style_functions(ranks):
-    from conftest import rank_script
+    from conftest import TORCH_CASES, rank_case
 
-    rank_script("torch_api", ranks)
+    rank_case("torch_api", ranks, family=TORCH_CASES)
 
 
 @pytest.mark.mpi

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mpisparse.torch as hvd
-from conftest import SelfComm, rank_script
+from conftest import TORCH_CASES, SelfComm, rank_case, rank_script
 
 
 def _setup(**kw):
@@ -91,7 +91,7 @@ def test_bad_arguments_are_named():
 @pytest.mark.mpi
 @pytest.mark.timeout(200)
 def test_sum_average_accumulation_and_join_on_two_ranks():
-    rank_script("torch_hvd", 2, timeout=120)
+    rank_case("torch_hvd", 2, family=TORCH_CASES)
 
 
 def test_overlap_plan_and_refusals():
@@ -120,7 +120,7 @@ def test_overlap_refuses_a_whole_vector_scheme_in_one_line():
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_overlap_equals_the_plain_step(ranks):
-    rank_script("torch_overlap", ranks, timeout=150)
+    rank_case("torch_overlap", ranks, family=TORCH_CASES)
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import HERE, mpi_run, mpi_script, mpiexec_prefix, rank_script  # noqa: E402
+from conftest import HERE, TORCH_CASES, mpi_run, mpiexec_prefix, rank_case  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -29,8 +29,7 @@ def train(tmp_path, name, *args, ranks=2, check=True):
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_wrapper_update_equals_numpy_reference_and_skips_nan(ranks):
-    p = mpi_run(ranks, [mpi_script("check_torch_wrapper.py")])
-    assert f"wrapper OK on {ranks} ranks" in p.stdout
+    rank_case("torch_wrapper", ranks, family=TORCH_CASES, label="wrapper")
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +113,9 @@ def test_resume_at_another_world_size_redistributes_residuals_with_a_notice(tmp_
 
 
 def test_save_at_4_resume_at_2_and_3_keeps_the_pending_mass_and_trains_on():
-    """One launch (tests/mpi/check_reshard.py): topk, dgc, cltk, dct saved by 4 ranks, resumed by 2 and by 3;
+    """tests/mpi/check_reshard.py, in the 4-rank job of the torch cases: topk, dgc, cltk, dct saved by 4 ranks, resumed by 2 and by 3;
     (1/W') sum_j e'_j = (1/W) sum_i e_i per memory buffer after the resume; the second epoch trains."""
-    rank_script("reshard", 4)
+    rank_case("reshard", 4, family=TORCH_CASES)
 
 
 def test_plot_writes_a_png(tmp_path):
