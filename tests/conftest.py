@@ -253,13 +253,14 @@ NUMPY_CASES = {
     ("hierarchy", "one"): (1, 2), ("hierarchy", "pairs"): (3, 4), ("hierarchy", "split"): (4,),
     "ps_comm": (2,), ("ps", "reference", "1"): (3, 4), ("ps", "reference", "2"): (4,),
     ("ps", "shutdown", "1"): (3,), ("ps", "shutdown", "2"): (4,),
-    "gpu_comm": (2, 3),
+    "gpu_comm": (2, 3), "wire_dtype": (3,),
 }
 #: the same checks with ``--check`` (every collective's counts and dtypes compared across ranks first)
 CHECKED_CASES = {name: (3,) for name in ("schemes", "cltk", "dct", "deft", "dgc", "gtopk")}
 #: those that train or wrap torch (each rank imports torch once per job)
 TORCH_CASES = {"torch_api": (1, 2, 3), "torch_hvd": (2,), "torch_overlap": (1, 2, 3), "torch_wrapper": (1, 2),
-               "mp_pipeline": (2, 3, 4), "mp_resume": (4,), "reshard": (4,)}
+               "mp_pipeline": (2, 3, 4), "mp_resume": (4,), "reshard": (4,),
+               ("wire_dtype", "--torch"): (2,)}
 
 
 def case_group(family: dict, ranks: int) -> tuple:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import rank_script
+from conftest import NUMPY_CASES, TORCH_CASES, rank_case
 from mpisparse.bench import costmodel as cm
 from mpisparse.cli import cli
 from mpisparse.mpi import wire
@@ -108,8 +108,8 @@ def test_a_result_names_its_baseline():
 
 
 def test_sums_bytes_and_error_feedback_on_2_ranks_and_the_library():
-    rank_script("wire_dtype", 2, "--torch")
+    rank_case(("wire_dtype", "--torch"), 2, family=TORCH_CASES, label="wire_dtype")
 
 
 def test_sums_bytes_and_error_feedback_on_3_ranks():
-    rank_script("wire_dtype", 3)
+    rank_case("wire_dtype", 3, family=NUMPY_CASES)
