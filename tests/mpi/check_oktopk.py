@@ -97,4 +97,5 @@ outs, _, _ = world.run(sch, "oktopk density 1", steps=range(2))
 for t in range(2):
     close(outs[t], world.dense(t), f"oktopk at density 1, step {t}")
 
-world.done("oktopk", f" (k={k}, most bytes a rank sent in an estimation step: {worst}, {share:.0%} of the bound {bound:.0f})")
+world.done("oktopk", f" (k={k}, most bytes a rank sent in an estimation step: {worst}, "
+                     f"{share:.0%} of the bound {bound:.0f})")
