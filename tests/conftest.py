@@ -9,6 +9,7 @@ leave the other ranks waiting when one raises).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import re
@@ -253,14 +254,14 @@ NUMPY_CASES = {
     ("hierarchy", "one"): (1, 2), ("hierarchy", "pairs"): (3, 4), ("hierarchy", "split"): (4,),
     "ps_comm": (2,), ("ps", "reference", "1"): (3, 4), ("ps", "reference", "2"): (4,),
     ("ps", "shutdown", "1"): (3,), ("ps", "shutdown", "2"): (4,),
-    "gpu_comm": (2, 3), "wire_dtype": (3,),
+    "gpu_comm": (2, 3), "wire_dtype": (3,), "oktopk": (2, 4),
 }
 #: the same checks with ``--check`` (every collective's counts and dtypes compared across ranks first)
-CHECKED_CASES = {name: (3,) for name in ("schemes", "cltk", "dct", "deft", "dgc", "gtopk")}
+CHECKED_CASES = {name: (3,) for name in ("schemes", "cltk", "dct", "deft", "dgc", "gtopk", "powersgd", "oktopk")}
 #: those that train or wrap torch (each rank imports torch once per job)
 TORCH_CASES = {"torch_api": (1, 2, 3), "torch_hvd": (2,), "torch_overlap": (1, 2, 3), "torch_wrapper": (1, 2),
                "mp_pipeline": (2, 3, 4), "mp_resume": (4,), "reshard": (4,),
-               ("wire_dtype", "--torch"): (2,)}
+               ("wire_dtype", "--torch"): (2,), ("powersgd", "torch"): (2,)}
 
 
 def case_group(family: dict, ranks: int) -> tuple:
@@ -344,6 +345,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.mpi)
         if FALLBACK_USE.search(text):
             item.add_marker(pytest.mark.fallback)
+    # the tests that run no MPI first (one core), while the compiled loops are warmed on the other
+    # (:func:`pytest_sessionstart`); then those that launch jobs, each module's tests still together
+    items.sort(key=lambda item: item.get_closest_marker("mpi") is not None)
 
 
 #: the mpiexec an unmarked test gets (:func:`_unmarked_tests_run_no_mpi`): it answers a launcher's
@@ -411,11 +415,30 @@ def suite_budget_verdict(elapsed: float, budget: str | None) -> str | None:
             f"find the new slow tests in the --durations list above")
 
 
+#: numba compiles a loop at its first use and caches it in the package's __pycache__: without this, every
+#: rank of the first jobs that step a scheme compiles the same loops at once (each 10-20 s of CPU)
+WARM_COMPILED = """
+import numpy as np
+from mpisparse.backend import compiled, compiled_compensate, numpy_segment_topk
+for idt in (np.int32, np.int64):
+    compiled.warm_up(compiled.KERNELS, idt)
+    compiled_compensate.warm_up(numpy_segment_topk._segc_sizing(), idt)
+"""
+
+
 def pytest_sessionstart(session):
     session.config._mpisparse_t0 = time.monotonic()
+    if importlib.util.find_spec("numba") is not None and os.environ.get("MPISPARSE_FUSED", "1") != "0":
+        session.config._mpisparse_warm = subprocess.Popen(
+            [sys.executable, "-c", WARM_COMPILED], cwd=HERE.parent, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1", MPI4PY_RC_INITIALIZE="0"))
 
 
 def pytest_sessionfinish(session, exitstatus):
+    warm = getattr(session.config, "_mpisparse_warm", None)
+    if warm is not None and warm.poll() is None:
+        warm.kill()
+        warm.wait()
     t0 = getattr(session.config, "_mpisparse_t0", None)
     if t0 is None:
         return

@@ -1,40 +1,39 @@
 """MPI tests of the peers' schemes: ``powersgd`` (against PyTorch's own ``powerSGD_hook`` and a NumPy
 reference) and ``oktopk`` (a NumPy reference and the paper's byte bound), plus both through ``bench step``.
 
-One bounded ``mpiexec`` job per case (see conftest.mpi_run); the rank scripts raise on any mismatch.
+The rank scripts raise on any mismatch; they run in the shared jobs of conftest.rank_case (the comparison
+with PyTorch's hook among the torch cases at 2 ranks, the references among the others).
 """
 
 import importlib.util
 
 import pytest
 
-from conftest import bench_step, rank_case
+from conftest import CHECKED_CASES, NUMPY_CASES, TORCH_CASES, bench_step, rank_case
 
 pytestmark = pytest.mark.mpi
 
-#: the peers' cases share one job per rank count (conftest.rank_case with an explicit group): at 2 ranks
-#: PyTorch's hook and oktopk, at 3 both NumPy references with the collective checks on, at 4 oktopk
-#: (without torch installed, the 2-rank job runs oktopk alone)
 TORCH = importlib.util.find_spec("torch") is not None
-GROUPS = {2: ((("powersgd", "torch"),) if TORCH else ()) + ("oktopk",), 3: ("powersgd", "oktopk"), 4: ("oktopk",)}
-ARGS = {3: ("--check",)}
 
 
 def test_powersgd_equals_pytorchs_hook():
     """2 ranks open a gloo group beside MPI: powerSGD_hook under DDP and powersgd give the same aggregate."""
     if not TORCH:
         pytest.skip("torch is not installed")
-    out = rank_case(("powersgd", "torch"), 2, group=GROUPS[2])
+    out = rank_case(("powersgd", "torch"), 2, family=TORCH_CASES, label="powersgd")
     assert out.stdout.count("equal to powerSGD_hook") == 2, out.stdout
 
 
 def test_powersgd_numpy_reference_at_3_ranks():
-    rank_case("powersgd", 3, *ARGS[3], group=GROUPS[3])
+    rank_case("powersgd", 3, "--check", family=CHECKED_CASES)
 
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_oktopk_numpy_reference_and_byte_bound(ranks):
-    rank_case("oktopk", ranks, *ARGS.get(ranks, ()), group=GROUPS[ranks])
+    if ranks == 3:  # with the collective checks on
+        rank_case("oktopk", 3, "--check", family=CHECKED_CASES)
+    else:
+        rank_case("oktopk", ranks, family=NUMPY_CASES)
 
 
 def test_peers_through_bench_step(tmp_path):
