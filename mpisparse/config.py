@@ -273,6 +273,9 @@ class BenchConfig:
     #: ``--floor``: after each step every rank times one ``e += g`` pass into a buffer of its own (the
     #: result's ``floor``; :class:`mpisparse.bench.step.FloorPass`)
     floor: bool = False
+    #: ``--torch-peer``: after the schemes, the same top-k exchange written in plain PyTorch
+    #: (:mod:`mpisparse.bench.torch_peer`); every rank must run it, or the others wait in its collectives
+    torch_peer: bool = False
 
     def validate(self, world: int | None = None) -> BenchConfig:
         """Check every field, then the runtime's own checks (a pipeline scheme has no ``bench``).
@@ -312,6 +315,7 @@ class BenchConfig:
         _bool("--separate-wait", self.separate_wait)
         _choice("--output", self.output, STEP_OUTPUTS)
         _bool("--floor", self.floor)
+        _bool("--torch-peer", self.torch_peer)
         if self.output == "gradient" and self.diagnostics:
             raise ValueError("--output gradient overwrites the gradient that --diagnostics re-reads after the "
                              "step; use one or the other")

@@ -137,7 +137,8 @@ def test_beta_validation(bad):
 
 def test_scheme_options_validation():
     cls = SCHEMES["cltk"]
-    assert cls.validate_options({}) == {"beta": 1.0, "chunks": 1, "warmup_iters": 0, "select_kernel": "native"}
+    assert cls.validate_options({}) == {"beta": 1.0, "chunks": 1, "warmup_iters": 0, "select_kernel": "native",
+                                         "wire_dtype": "float32"}
     with pytest.raises(ValueError, match=r"--beta is 0.0; allowed range is \(0, 1\]"):
         cls.validate_options({"beta": 0.0})
     with pytest.raises(ValueError, match=r"--chunks is 0"):

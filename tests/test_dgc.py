@@ -232,7 +232,8 @@ def test_registered_with_momentum_flag():
 
 def test_option_defaults():
     opts = scheme_class("dgc").validate_options({})
-    assert opts == {"sample_fraction": 0.01, "momentum": 0.9, "clip_norm": 0.0, "density_warmup_iters": 0}
+    assert opts == {"sample_fraction": 0.01, "momentum": 0.9, "clip_norm": 0.0, "density_warmup_iters": 0,
+                    "wire_dtype": "float32"}
 
 
 @pytest.mark.parametrize("name, value, pattern", [

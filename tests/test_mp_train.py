@@ -83,7 +83,7 @@ def test_hybrid_two_stages_by_two_replicas(tmp_path):
     mp = r["mp"]
     assert r["world_size"] == 4 and mp["stages"] == 2 and mp["replicas"] == 2
     assert mp["dp_scheme"] == "dct" and mp["dp_density"] == 0.1 and r["config"]["mp"]["dp_options"] == {
-        "lifespan": 10, "select_kernel": "native"}
+        "lifespan": 10, "select_kernel": "native", "wire_dtype": "float32"}
     assert {"exchange_indices", "exchange_values", "compensate", "send_activations"} <= set(r["phases"])
     assert mp["dp_bytes_sent_per_rank"] > 0 and 0.1 <= mp["dp_density_actual"] <= 0.25
     assert r["metrics"]["final"]["test_accuracy"] > 0.85

@@ -115,7 +115,8 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
                                   diagnostics=diagnostics, servers=servers, check_collectives=check_collectives,
                                   hierarchical=hierarchical, cuda_aware=cuda_aware, rss_at=list(rss_at or ()), device=device,
                                   gradients=gradients, trace=trace_path(trace, s, len(schemes) > 1),
-                                  separate_wait=separate_wait, output=step_output, floor=floor), nprocs)
+                                  separate_wait=separate_wait, output=step_output, floor=floor,
+                                  torch_peer=torch_peer), nprocs)
             for s in schemes]
     usage(check_device_usable, device, need_torch=False)
     check_plot(plot_path)
@@ -131,7 +132,7 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
         results.append(res)
         if comm.rank == 0:
             output.print_step_result(res)
-    if torch_peer:
+    if cfgs[0].torch_peer:
         from ..bench.torch_peer import NAME, format_peer_table, run_torch_peer
 
         res = run_torch_peer(comm, cfgs[0], progress=output.progress(comm, f"{NAME}: step"))
