@@ -55,3 +55,35 @@ def test_other_vendors_ask_the_library():
         (False, "MPIX_Query_cuda_support")
     assert library_cuda_support_for("openmpi", {}, query=lambda: True)[0] is True
     assert library_cuda_support_for("other", {}, query=lambda: None) == (None, "no MPIX_Query_cuda_support")
+
+
+# ------------------------------------------------------------------ the communicator's decision path (no MPI)
+def test_the_communicator_asks_intel_mpi_its_offload_switch(monkeypatch):
+    """decide_cuda_aware_how's default library answer goes through the vendor: an Intel MPI job with
+    I_MPI_OFFLOAD=1 is CUDA-aware without --cuda-aware (MPIX_Query_cuda_support not asked), one without it
+    is staged; another vendor still asks MPIX_Query_cuda_support.  No communicator: believed, not probed."""
+    from mpisparse.mpi import comm, vendor
+
+    monkeypatch.delenv("MPISPARSE_CUDA_AWARE", raising=False)
+    monkeypatch.setattr(vendor, "mpi_vendor", lambda: "intel")
+    monkeypatch.setattr(comm, "mpix_query_cuda_support", lambda: pytest.fail("MPIX query asked of Intel MPI"))
+    monkeypatch.setenv("I_MPI_OFFLOAD", "1")
+    monkeypatch.delenv("I_MPI_OFFLOAD_MODE", raising=False)
+    assert comm.library_cuda_support() is True
+    assert comm.decide_cuda_aware_how(None, None) == (True, "library: yes (Intel MPI with I_MPI_OFFLOAD=1)")
+    monkeypatch.setenv("I_MPI_OFFLOAD_MODE", "level_zero")
+    ok, how = comm.decide_cuda_aware_how(None, None)
+    assert ok is False and how.startswith("library: no (Intel MPI") and "level_zero" in how
+    monkeypatch.delenv("I_MPI_OFFLOAD")
+    assert comm.decide_cuda_aware_how(None, None)[0] is False
+    assert comm.decide_cuda_aware_how(True, None) == (True, "override")  # --cuda-aware still wins
+
+    monkeypatch.setattr(vendor, "mpi_vendor", lambda: "mpich")
+    monkeypatch.setenv("I_MPI_OFFLOAD", "1")  # not Intel MPI: its switch means nothing
+    monkeypatch.setattr(comm, "mpix_query_cuda_support", lambda: False)
+    assert comm.decide_cuda_aware_how(None, None) == (False, "library: no")
+    monkeypatch.setattr(comm, "mpix_query_cuda_support", lambda: None)
+    assert comm.decide_cuda_aware_how(None, None) == (False, "library: cannot tell")
+    monkeypatch.setattr(comm, "mpix_query_cuda_support", lambda: True)
+    assert comm.library_cuda_support_how() == (True, "MPIX_Query_cuda_support")
+    assert comm.decide_cuda_aware_how(None, None) == (True, "library: yes")

@@ -90,7 +90,7 @@ def check_dtype(x: Any, *, reduce: bool) -> None:
         )
 
 
-def library_cuda_support() -> bool | None:
+def mpix_query_cuda_support() -> bool | None:
     """The MPI library's ``MPIX_Query_cuda_support()`` (Open MPI, MPICH >= 4), or None if it has none."""
     from mpi4py import MPI
 
@@ -107,13 +107,36 @@ def library_cuda_support() -> bool | None:
     return bool(fn())
 
 
-def decide_cuda_aware_how(override: bool | None = None, mpi_comm=None, *, library=library_cuda_support,
+def library_cuda_support_how(vendor_name: str | None = None, env=None, query=None) -> tuple[bool | None, str]:
+    """The library's own answer to "CUDA-aware?" and where it came from.
+
+    The vendor decides how to ask (:func:`mpisparse.mpi.vendor.library_cuda_support_for`): Intel MPI from
+    ``I_MPI_OFFLOAD``/``I_MPI_OFFLOAD_MODE`` (so a job with ``I_MPI_OFFLOAD=1`` is CUDA-aware without
+    ``--cuda-aware``; the run-time probe still confirms it), every other library from ``query``
+    (``MPIX_Query_cuda_support``, :func:`mpix_query_cuda_support` unless given).  ``vendor_name`` and ``env``
+    default to mpi4py's library and ``os.environ``.
+    """
+    from . import vendor
+
+    name = vendor.mpi_vendor() if vendor_name is None else vendor_name
+    return vendor.library_cuda_support_for(name, os.environ if env is None else env,
+                                           query=query or mpix_query_cuda_support)
+
+
+def library_cuda_support() -> bool | None:
+    """The library's answer alone (:func:`library_cuda_support_how`): True, False or None (cannot tell)."""
+    return library_cuda_support_how()[0]
+
+
+def decide_cuda_aware_how(override: bool | None = None, mpi_comm=None, *, library=library_cuda_support_how,
                           have_gpu=None, probe=None) -> tuple[bool, str]:
     """``(cuda_aware, how it was decided)``, decided once per communicator.
 
     An explicit ``override`` wins (``--cuda-aware/--no-cuda-aware``), then the
     environment variable ``MPISPARSE_CUDA_AWARE`` (``0``/``1``).  Otherwise
-    the MPI library is asked (``MPIX_Query_cuda_support``): a library that
+    the MPI library is asked (:func:`library_cuda_support_how`: Intel MPI's
+    ``I_MPI_OFFLOAD``, any other library's ``MPIX_Query_cuda_support``;
+    ``library`` returns a bool/None or ``(answer, source)``): a library that
     says no, or cannot say, gets host staging (handing it a device pointer
     could crash).  A library that says yes is checked at run time when every
     rank of ``mpi_comm`` has CuPy and a GPU: :func:`mpisparse.mpi.device.probe_cuda_aware`
@@ -125,19 +148,28 @@ def decide_cuda_aware_how(override: bool | None = None, mpi_comm=None, *, librar
     env = os.environ.get("MPISPARSE_CUDA_AWARE")
     if env is not None:
         return env.strip().lower() in ("1", "true", "yes", "on"), "MPISPARSE_CUDA_AWARE"
-    lib = library()
+    lib, why = _answer_and_source(library())
     if not lib:
-        return False, "library: no" if lib is False else "library: cannot tell"
+        return False, ("library: no" if lib is False else "library: cannot tell") + why
     if mpi_comm is None:
-        return True, "library: yes"
+        return True, "library: yes" + why
     from . import device
 
     direct = Communicator(mpi_comm, cuda_aware=True)  # the probe's own stats, never the caller's
     mine = (have_gpu or device.gpu_count)() > 0
     if not direct.allreduce(np.array([int(mine)], np.int32), op="min")[0]:
-        return True, "library: yes (not probed: a rank has no GPU)"
+        return True, f"library: yes{why} (not probed: a rank has no GPU)"
     ok = (probe or device.probe_cuda_aware)(direct)
     return ok, "probe: device buffers arrived intact" if ok else "probe: device buffers arrived wrong"
+
+
+def _answer_and_source(got) -> tuple[bool | None, str]:
+    """A library answer as ``(answer, " (source)")``: a bare bool/None (an injected test library) has no source;
+    the plain ``MPIX_Query_cuda_support`` source is left unsaid (the historical wording)."""
+    if isinstance(got, tuple):
+        answer, source = got
+        return answer, "" if "MPIX_Query_cuda_support" in source else f" ({source})"
+    return got, ""
 
 
 #: the collectives that wait at a barrier first under ``wait_timer`` (never point-to-point calls)
