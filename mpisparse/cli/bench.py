@@ -28,7 +28,7 @@ __all__ = ["bench", "bench_exchange", "bench_overlap", "bench_scaling", "bench_s
 def bench() -> None:
     """Benchmarks: `step` (sparsified steps), `exchange` (collective patterns), `overlap` (exchange
     overlapped with backward), `select` (kernels), `scaling` (sweeps of W and density), `model` (the
-    cost model, no MPI)."""
+    cost model, no MPI), `tta` (time to accuracy, each scheme trained to a target)."""
 
 
 # --------------------------------------------------------------------------- step
