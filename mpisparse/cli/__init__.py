@@ -3,7 +3,6 @@
 =============  ==============================================================
 ``main``       the group, the console entry point, errors, MPI abort
 ``info``       ``mpisparse info``
-``advise``     ``mpisparse advise`` (the advisor, no MPI) and ``advise-steps``
 ``bench``      ``mpisparse bench step|exchange|select|scaling`` (``bench_tta``: ``bench tta``)
 ``train``      ``mpisparse train``
 ``jobs``       ``mpisparse jobs list|render|examples``
@@ -18,7 +17,6 @@ under ``mpiexec -n W``; under ``mpiexec``/``srun`` it checks the job size.
 Nothing outside this package imports it.
 """
 
-from .advise import advise, advise_steps
 from .bench import bench
 from .bench_tta import bench_tta
 from .info import info
@@ -36,5 +34,3 @@ bench.add_command(bench_tta)
 cli.add_command(train)
 cli.add_command(jobs)
 cli.add_command(reproduce)
-cli.add_command(advise)
-cli.add_command(advise_steps)
