@@ -3,7 +3,8 @@
 =============  ==============================================================
 ``main``       the group, the console entry point, errors, MPI abort
 ``info``       ``mpisparse info``
-``bench``      ``mpisparse bench step|exchange|select|scaling`` (``bench_tta``: ``bench tta``)
+``advise``     ``mpisparse advise`` (the advisor, no MPI) and ``advise-steps``
+``bench``      ``mpisparse bench step|exchange|select|scaling``
 ``train``      ``mpisparse train``
 ``jobs``       ``mpisparse jobs list|render|examples``
 ``reproduce``  ``mpisparse reproduce``
@@ -17,8 +18,8 @@ under ``mpiexec -n W``; under ``mpiexec``/``srun`` it checks the job size.
 Nothing outside this package imports it.
 """
 
+from .advise import advise, advise_steps
 from .bench import bench
-from .bench_tta import bench_tta
 from .info import info
 from .jobs import jobs
 from .main import cli, main
@@ -30,7 +31,8 @@ __all__ = ["cli", "main", "open_comm"]
 
 cli.add_command(info)
 cli.add_command(bench)
-bench.add_command(bench_tta)
 cli.add_command(train)
 cli.add_command(jobs)
 cli.add_command(reproduce)
+cli.add_command(advise)
+cli.add_command(advise_steps)

@@ -1,0 +1,296 @@
+"""``mpisparse advise``: which scheme reaches the target first on a given network, and the crossover link.
+
+Pure functions on top of the cost model (:mod:`mpisparse.bench.costmodel`): a
+step of scheme ``s`` on ``W`` ranks (``hosts`` hosts, one link each) takes
+
+    step(s) = compute + overhead(s) + exchange(s) - hidden(s)
+
+* ``compute``: forward, backward and the local optimizer step (measured by a
+  short run of the model, or given);
+* ``overhead(s)``: the scheme's own compute, the cost model's ``compensate``,
+  ``select`` and ``update`` phases at the kernel rates (:class:`~mpisparse.bench.costmodel.Rates`),
+  stretched by the ranks' turns on shared cores (:func:`~mpisparse.bench.costmodel.sharing`);
+* ``exchange(s)``: the cost model's exchange term at the link (its byte model, ``wire``: 16-bit values);
+  powersgd and oktopk are added here (:func:`peer_phases`);
+* ``hidden(s)``: for a scheme that overlaps with backward (the optimized dense baseline: dense, 16-bit
+  wire, overlapped), ``min(hidden_share * exchange, window * compute)``: overlap hides a share of the
+  exchange, but never more than the backward pass it runs under (``window``: backward's share of the
+  compute, about 2/3 of forward + backward).  Every other scheme exchanges after backward.
+
+Time to target: ``step(s) * steps_to_target(s)``, the steps from a ``bench tta`` JSON
+(:func:`load_tta`); without one every scheme is assumed to need as many steps as the baseline
+(``steps_assumed`` in the result).  The crossover (:func:`crossover_bandwidth`): the link bandwidth above
+which the optimized dense baseline reaches the target first.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from . import costmodel as cm
+
+#: the optimized dense baseline's label: dense, 16-bit values on the wire, overlapped with backward
+BASELINE = "dense-opt"
+#: the schemes the advisor ranks (labels); ``dense`` is float32 dense exchanged after backward
+ADVISE_SCHEMES = (BASELINE, "dense", "topk", "cltk", "deft", "gtopk", "powersgd", "oktopk")
+#: kernel rates of this 2-core machine, 2 processes at once (docs/results/cost-model.md, ns per element)
+DEFAULT_RATES = cm.Rates(stream=0.47e-9, topk=0.41e-9, fused=0.52e-9, scatter=30.92e-9, segmented=0.52e-9,
+                         pick=30.00e-9, merge=18.43e-9)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What the prediction depends on besides the scheme and the link."""
+
+    n: int  # gradient elements
+    compute: float  # seconds of forward + backward + local optimizer step (the ranks' own, shared cores included)
+    world: int
+    hosts: int
+    density: float = 0.01
+    hidden_share: float = 0.35  # share of the exchange overlap hides (bench overlap's "exchange hidden")
+    window: float = 2.0 / 3.0  # the most overlap can hide: this share of compute (backward's)
+    dense_wire: str = "float16"
+    sparse_wire: str = "float32"
+    latency: float = 0.0
+    rates: cm.Rates = DEFAULT_RATES
+    shared_cores: int | None = None
+    powersgd_elements: int | None = None  # elements one powersgd step allreduces (None: n / 100, a guess)
+    steps: dict[str, float | None] = field(default_factory=dict)  # steps to target per label (None: not reached)
+
+    def __post_init__(self) -> None:
+        if not self.compute >= 0:
+            raise ValueError(f"compute seconds {self.compute}; it must be >= 0")
+        if not 0 <= self.hidden_share <= 1:
+            raise ValueError(f"hidden share {self.hidden_share}; allowed: [0, 1]")
+        if self.world < 1 or self.hosts < 1 or self.world % self.hosts:
+            raise ValueError(f"W = {self.world} on {self.hosts} hosts; W must be a positive multiple of hosts")
+
+
+def peer_phases(scheme: str, s: Setting, link: cm.Link) -> dict[str, float]:
+    """The phases of powersgd and oktopk (the cost model's other schemes: :func:`~costmodel.predict`).
+
+    powersgd: three Allreduces (the dense layers, the P factors, the Q factors) of ``powersgd_elements``
+    elements in all; its compute is the error feedback (a stream), the two products M Q and M^T P (a stream
+    each at rank 1) and the update P Q^T (a stream).  oktopk: its bytes are the paper's bound,
+    ``6 k (W-1)/W`` elements (:func:`mpisparse.schemes.oktopk.oktopk_bound_bytes`), in ``W - 1`` point to
+    point rounds and three small collectives; its compute is top-k's (the fused pass, the pick) plus the
+    region's reduction and the update (a scatter per selected element each)."""
+    from ..schemes.oktopk import oktopk_bound_bytes
+
+    W, n, r = s.world, s.n, s.rates
+    a, b = link.latency, 1.0 / link.bandwidth
+    lg = math.log2(W) if W > 1 else 0.0
+    stretch = cm.sharing(W, s.shared_cores)[1]
+    if scheme == "powersgd":
+        elements = s.powersgd_elements if s.powersgd_elements is not None else max(1, n // 100)
+        comp = {"compensate": r.stream * n, "select": 2 * r.stream * n, "update": r.stream * n}
+        comm = 3 * 2 * lg * a + 2 * (W - 1) / W * elements * 4 * b
+    elif scheme == "oktopk":
+        k = max(1, int(s.density * n))
+        comp = {"compensate": r.fused * n, "select": r.pick * k, "update": 2 * r.scatter * k}
+        comm = (W - 1 + 3 * lg) * a + oktopk_bound_bytes(k, W, 4 + cm.value_bytes(s.sparse_wire)) / 2 * b
+    else:
+        raise ValueError(f"scheme {scheme!r}: not a peer scheme; allowed: powersgd, oktopk")
+    out = {p: v * stretch for p, v in comp.items()}
+    out["exchange"] = comm if W > 1 else 0.0
+    return out
+
+
+def scheme_phases(label: str, s: Setting, link: cm.Link) -> dict[str, float]:
+    """``compensate``, ``select``, ``update`` and ``exchange`` seconds of one step of ``label``.
+
+    The link is a host's: ranks of one host share it, so with ``W / hosts`` ranks a host the bandwidth of each
+    rank's share of the exchange is the link's over that many (the inter-host collectives carry every rank's
+    bytes across the host's one link)."""
+    per_host = s.world // s.hosts
+    link = cm.Link(latency=link.latency, bandwidth=link.bandwidth / per_host)
+    if label in ("powersgd", "oktopk"):
+        return peer_phases(label, s, link)
+    scheme, wire = ("dense", s.dense_wire) if label == BASELINE else \
+        ("dense", "float32") if label == "dense" else (label, "float32" if label == "gtopk" else s.sparse_wire)
+    return cm.predict(scheme, s.n, s.density, s.world, link, s.rates, shared_cores=s.shared_cores, wire=wire)
+
+
+def step_time(label: str, s: Setting, link: cm.Link) -> dict[str, float]:
+    """Predicted ``step``, ``compute``, ``overhead``, ``exchange``, ``hidden`` and ``exposed`` seconds."""
+    ph = scheme_phases(label, s, link)
+    exchange = ph["exchange"]
+    overhead = sum(v for k, v in ph.items() if k != "exchange")
+    hidden = min(s.hidden_share * exchange, s.window * s.compute) if label == BASELINE else 0.0
+    exposed = exchange - hidden
+    return {"step": s.compute + overhead + exposed, "compute": s.compute, "overhead": overhead,
+            "exchange": exchange, "hidden": hidden, "exposed": exposed}
+
+
+def steps_to_target(label: str, s: Setting) -> float | None:
+    """Steps ``label`` needs to reach the target, relative to the baseline's when no tta result names it
+    (1 when none is given); None: it did not reach the target."""
+    if not s.steps:
+        return 1.0
+    base = s.steps.get(BASELINE, s.steps.get("dense"))
+    if label in s.steps:
+        return s.steps[label]
+    return base if base is not None else None
+
+
+def advise(s: Setting, link: cm.Link, labels: Sequence[str] = ADVISE_SCHEMES) -> dict[str, Any]:
+    """Every scheme's predicted step and time to target, the winner (the least time to target) and the
+    crossover bandwidth (:func:`crossover_bandwidth`)."""
+    rows = []
+    for label in labels:
+        st = step_time(label, s, link)
+        steps = steps_to_target(label, s)
+        rows.append({"scheme": label, **{f"{k}_seconds": v for k, v in st.items()}, "steps_to_target": steps,
+                     "time_to_target": None if steps is None else st["step"] * steps})
+    reached = [r for r in rows if r["time_to_target"] is not None]
+    winner = min(reached, key=lambda r: r["time_to_target"])["scheme"] if reached else None
+    best_sparse = min((r for r in reached if r["scheme"] not in (BASELINE, "dense")),
+                      key=lambda r: r["time_to_target"], default=None)
+    cross = crossover_bandwidth(s, link.latency, labels)
+    return {"bandwidth": link.bandwidth, "latency": link.latency, "rows": rows, "winner": winner,
+            "best_sparse": None if best_sparse is None else best_sparse["scheme"],
+            "crossover_bandwidth": cross, "steps_assumed": not s.steps, "setting": _setting_dict(s)}
+
+
+def _margin(s: Setting, bandwidth: float, latency: float, labels: Sequence[str]) -> float:
+    """Baseline's time to target minus the best other scheme's (> 0: a sparse scheme wins)."""
+    link = cm.Link(latency=latency, bandwidth=bandwidth)
+    times = {}
+    for label in labels:
+        steps = steps_to_target(label, s)
+        if steps is not None:
+            times[label] = step_time(label, s, link)["step"] * steps
+    base = times.get(BASELINE, math.inf)
+    others = [t for k, t in times.items() if k not in (BASELINE, "dense")]
+    return base - min(others, default=math.inf)
+
+
+def crossover_bandwidth(s: Setting, latency: float = 0.0, labels: Sequence[str] = ADVISE_SCHEMES, *,
+                        low: float = 1e4, high: float = 1e13) -> float | None:
+    """The link bandwidth (bytes/s) above which the optimized dense baseline reaches the target first:
+    the highest change of the winner between dense and the schemes that are not dense, on a log scale from
+    ``low`` to ``high``, bisected to 0.1%.  ``low``: the baseline wins at every bandwidth in range.
+    None: it wins at none (or there is no sparse scheme to compare)."""
+    if BASELINE not in labels:
+        raise ValueError(f"the crossover needs the baseline {BASELINE!r} among the schemes")
+    grid = [low * (high / low) ** (i / 200) for i in range(201)]
+    margins = [_margin(s, bw, latency, labels) for bw in grid]
+    if not math.isfinite(margins[-1]) and margins[-1] > 0:
+        return None
+    if margins[-1] > 0:
+        return None  # a sparse scheme wins even on the fastest link
+    i = len(grid) - 1
+    while i > 0 and margins[i - 1] <= 0:
+        i -= 1
+    if i == 0:
+        return low
+    lo, hi = grid[i - 1], grid[i]  # margin(lo) > 0 >= margin(hi)
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        if _margin(s, mid, latency, labels) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _setting_dict(s: Setting) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    out = asdict(s)
+    out["rates"] = cm.rates_dict(s.rates)
+    return out
+
+
+def load_tta(path: str) -> dict[str, float | None]:
+    """Steps to target per advisor label from a ``bench tta --json`` file (a list of rows, or an object with
+    ``rows`` or ``schemes``).  A dense row with a 16-bit wire or overlap is the baseline (``dense-opt``);
+    ``steps_to_target`` None or a string ("not reached"): None."""
+    data = json.loads(Path(path).read_text())
+    if isinstance(data, dict):
+        rows = data.get("rows") or data.get("schemes") or data.get("results")
+        if isinstance(rows, dict):
+            rows = [{"scheme": k, **v} for k, v in rows.items()]
+    else:
+        rows = data
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{path}: no per-scheme rows (a list, or an object with 'rows')")
+    out: dict[str, float | None] = {}
+    for r in rows:
+        if not isinstance(r, dict) or "scheme" not in r or "steps_to_target" not in r:
+            raise ValueError(f"{path}: a row without 'scheme' and 'steps_to_target': {r!r}"[:200])
+        label = str(r.get("label") or r["scheme"])
+        if label == "dense" and (r.get("overlap") or str(r.get("wire_dtype", "float32")) != "float32"):
+            label = BASELINE
+        v = r["steps_to_target"]
+        out[label] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+    if BASELINE not in out and "dense" not in out:
+        raise ValueError(f"{path}: no dense row; the steps of the other schemes are relative to dense's")
+    return out
+
+
+def format_advice(res: dict[str, Any]) -> str:
+    """The table, the winner and the crossover, as printed."""
+    from ..results.tables import Column, format_rows
+
+    ms = lambda v: f"{1e3 * v:,.1f}"  # noqa: E731
+    cols = [Column("scheme", "scheme", "{}", "<"), Column("step_seconds", "step ms", ms),
+            Column("compute_seconds", "compute ms", ms), Column("overhead_seconds", "scheme compute ms", ms),
+            Column("exchange_seconds", "exchange ms", ms), Column("hidden_seconds", "hidden ms", ms),
+            Column("steps_to_target", "steps to target", lambda v: "not reached" if v is None else f"{v:g}"),
+            Column("time_to_target", "time to target", lambda v: "-" if v is None else
+                   (f"{v:,.2f} s" if res["steps_assumed"] is False else f"{v:,.3f} x steps"))]
+    s = res["setting"]
+    title = (f"advise: n={s['n']:,}, W={s['world']} on {s['hosts']} hosts, link {_gbit(res['bandwidth'])}, "
+             f"compute {1e3 * s['compute']:.1f} ms, density {s['density']}, overlap hides "
+             f"{100 * s['hidden_share']:.0f}% (at most {100 * s['window']:.0f}% of compute); {BASELINE}: dense, "
+             f"{s['dense_wire']} wire, overlapped")
+    lines = [format_rows(res["rows"], cols, title=title)]
+    if res["steps_assumed"]:
+        lines.append("steps to target: not given (--tta); every scheme assumed to need as many steps as dense")
+    lines.append(f"winner: {res['winner']}")
+    c = res["crossover_bandwidth"]
+    lines.append("crossover: " + ("none (a sparse scheme wins on every link)" if c is None else
+                                  f"{BASELINE} wins above {_gbit(c)}"))
+    return "\n".join(lines)
+
+
+def _gbit(bandwidth: float) -> str:
+    bits = 8 * bandwidth
+    return f"{bits / 1e9:.3g} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:.3g} Mbit/s"
+
+
+def validate(res: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """Predicted against measured (an ``advise-steps`` result): each scheme's step and its error, and the
+    winner of each (the least step times steps to target; the measured ``dense-16`` way, which only serves
+    to measure the hidden share, is not a contender)."""
+    meas = {r["scheme"]: float(r["step_seconds"]) for r in measured["rows"]}
+    rows = []
+    for r in res["rows"]:
+        m = meas.get(r["scheme"])
+        if m is None:
+            continue
+        steps = r["steps_to_target"]
+        rows.append({"scheme": r["scheme"], "predicted_seconds": r["step_seconds"], "measured_seconds": m,
+                     "error": (r["step_seconds"] - m) / m if m else None,
+                     "measured_time_to_target": None if steps is None else m * steps})
+    reached = [r for r in rows if r["measured_time_to_target"] is not None]
+    winner = min(reached, key=lambda r: r["measured_time_to_target"])["scheme"] if reached else None
+    errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    return {"rows": rows, "predicted_winner": res["winner"], "measured_winner": winner,
+            "winner_agrees": winner == res["winner"], "max_abs_error": max(errors, default=None)}
+
+
+def format_validation(v: dict[str, Any]) -> str:
+    from ..results.tables import Column, format_rows
+
+    ms = lambda x: f"{1e3 * x:,.1f}"  # noqa: E731
+    cols = [Column("scheme", "scheme", "{}", "<"), Column("predicted_seconds", "predicted ms", ms),
+            Column("measured_seconds", "measured ms", ms), Column("error", "error", lambda e: f"{100 * e:+.0f}%")]
+    return (format_rows(v["rows"], cols, title="validation against the measured steps") +
+            f"\npredicted winner {v['predicted_winner']}, measured winner {v['measured_winner']}"
+            f" ({'agree' if v['winner_agrees'] else 'DIFFER'}); largest error {100 * v['max_abs_error']:.0f}%")

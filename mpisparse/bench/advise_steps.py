@@ -1,0 +1,92 @@
+"""``mpisparse advise steps``: every scheme's real training step (forward, backward, exchange, update), measured.
+
+What :mod:`mpisparse.bench.advise` predicts, measured under MPI: each rank trains the same net
+(:func:`mpisparse.bench.overlap._way`: CIFAR-shaped random batches of its own) through
+:class:`mpisparse.torch.DistributedOptimizer`, one way per scheme, the ways taking turns step by step
+(a change of the machine's load falls on all alike).  The ways:
+
+* ``compute``: the local optimizer, no exchange (the advisor's ``compute``);
+* ``dense``: float32 values, the exchange after backward;
+* ``dense-16``: 16-bit values, after backward; ``dense-opt``: the same overlapped with backward (the
+  optimized dense baseline); the two give the share of the exchange overlap hides;
+* every other scheme at ``density``, after backward.
+
+A step is timed from a barrier to the end of ``step()``; each rank's median, the slowest rank's reported.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Sequence
+
+from .advise import BASELINE
+
+#: the sparse schemes a measurement runs by default (the advisor's)
+SPARSE = ("topk", "cltk", "deft", "gtopk", "powersgd", "oktopk")
+
+
+def plan_ways(schemes: Sequence[str], dense_wire: str) -> list[tuple[str, str | None, dict[str, Any], bool]]:
+    """``(label, scheme, options, overlap)`` of each way: compute, the dense ones, then ``schemes``."""
+    ways = [("compute", None, {}, False), ("dense", "dense", {}, False),
+            ("dense-16", "dense", {"wire_dtype": dense_wire}, False),
+            (BASELINE, "dense", {"wire_dtype": dense_wire}, True)]
+    return ways + [(s, s, {}, False) for s in schemes if s not in ("dense", BASELINE)]
+
+
+def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch: int, iters: int, warmup: int,
+              dense_wire: str = "float16", bucket_cap_mb: float = 25.0, seed: int = 0, progress=None
+              ) -> dict[str, Any]:
+    """The slowest rank's median step of each way; ``hidden_share``: ``(dense-16 - dense-opt) /
+    (dense-16 - compute)``."""
+    import torch
+
+    from .overlap import _bytes, _way
+
+    ways = {}
+    for label, scheme, opts, overlap in plan_ways(schemes, dense_wire):
+        ways[label] = (scheme, opts, overlap) + _way(comm, model, scheme=scheme, density=density, options=opts,
+                                                     overlap=overlap, batch=batch, bucket_cap_mb=bucket_cap_mb,
+                                                     seed=seed)
+    times: dict[str, list[float]] = {k: [] for k in ways}
+    sent = {k: 0 for k in ways}
+    for it in range(warmup + iters):
+        for label, (_, _, _, net, x, y, opt) in ways.items():
+            comm.barrier()
+            b0 = _bytes(opt)
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+            if it >= warmup:
+                times[label].append(time.perf_counter() - t0)
+                sent[label] += _bytes(opt) - b0
+        if progress is not None:
+            progress(f"step {it + 1} of {warmup + iters}")
+    mine = {k: statistics.median(v) for k, v in times.items()}
+    everyone = comm.allgather_obj({"times": mine, "bytes": {k: v / iters for k, v in sent.items()}})
+    rows = []
+    for label, (scheme, opts, overlap, *_rest) in ways.items():
+        rows.append({"scheme": label, "base_scheme": scheme, "options": opts, "overlap": overlap,
+                     "step_seconds": max(e["times"][label] for e in everyone),
+                     "bytes_per_step": max(e["bytes"][label] for e in everyone)})
+    for _, (_, _, _, _, _, _, opt) in ways.items():
+        if getattr(opt, "overlap", None) is not None:
+            opt.overlap.close()
+    by = {r["scheme"]: r["step_seconds"] for r in rows}
+    exchange = by["dense-16"] - by["compute"]
+    hidden = (by["dense-16"] - by[BASELINE]) / exchange if exchange > 0 else 0.0
+    return {"command": "advise steps", "model": model, "density": density, "batch": batch, "iters": iters,
+            "warmup": warmup, "world_size": comm.size, "dense_wire": dense_wire, "seed": seed,
+            "compute_seconds": by["compute"], "hidden_share": min(1.0, max(0.0, hidden)), "rows": rows}
+
+
+def format_steps(res: dict[str, Any]) -> str:
+    from ..results.tables import Column, format_rows
+
+    cols = [Column("scheme", "scheme", "{}", "<"), Column("step_seconds", "step ms", lambda v: f"{1e3 * v:,.1f}"),
+            Column("bytes_per_step", "bytes/rank/step", "{:,.0f}")]
+    title = (f"advise steps: {res['model']}, batch {res['batch']}, W={res['world_size']}, density {res['density']}, "
+             f"median of {res['iters']} steps (slowest rank); overlap hid {100 * res['hidden_share']:.0f}% of "
+             f"the {res['dense_wire']} exchange")
+    return format_rows(res["rows"], cols, title=title)

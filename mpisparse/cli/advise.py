@@ -1,0 +1,166 @@
+"""``mpisparse advise`` (which scheme wins on this network; no MPI) and ``mpisparse advise-steps`` (every
+scheme's real training step, measured under MPI, to check the advice against)."""
+
+from __future__ import annotations
+
+import click
+
+from ..models.shapes import model_names
+from .options import mpi_options, usage, writable_file
+from .session import maybe_relaunch, open_comm
+
+WIRES = ("float16", "bfloat16")
+
+
+def _rate(ctx, param, value):
+    from ..bench.costmodel import parse_rate
+
+    try:
+        rate = parse_rate(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    if not rate > 0:
+        raise click.BadParameter(f"link rate {value!r}; it must be > 0")
+    return rate
+
+
+@click.command("advise")
+@click.option("--model", type=click.Choice(model_names()), default="resnet18", show_default=True,
+              help="The gradient's size and layers (powersgd's factors) are this model's.")
+@click.option("--compute-seconds", type=click.FloatRange(min=0), default=None,
+              help="A step's forward + backward + local optimizer step, seconds (per rank, as the ranks run). "
+                   "Default: from --measured's compute way, else a short run of the model here.")
+@click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Samples per rank of the short run that measures the compute (no --compute-seconds).")
+@click.option("--hidden-share", type=click.FloatRange(0, 1), default=0.35, show_default=True,
+              help="Share of the exchange overlap hides (bench overlap's 'exchange hidden', or advise-steps').")
+@click.option("--window", type=click.FloatRange(0, 1), default=2 / 3, show_default=True,
+              help="Overlap hides at most this share of the compute (backward's).")
+@click.option("-W", "--world", type=click.IntRange(min=1), default=2, show_default=True, help="Ranks.")
+@click.option("--hosts", type=click.IntRange(min=1), default=None, help="Hosts, one link each [W].")
+@click.option("--rate", default="1gbit", show_default=True, callback=_rate,
+              help="Each host's link, each way, tc syntax (30mbit, 1gbit) or bytes per second.")
+@click.option("--latency-us", type=click.FloatRange(min=0), default=50.0, show_default=True,
+              help="Latency of one message over the link, microseconds.")
+@click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True,
+              help="Density of the sparse schemes.")
+@click.option("--dense-wire", type=click.Choice(WIRES), default="float16", show_default=True,
+              help="The optimized dense baseline's wire dtype.")
+@click.option("--sparse-wire", type=click.Choice(("float32",) + WIRES), default="float32", show_default=True,
+              help="The sparse schemes' value dtype on the wire (gtopk: float32 always).")
+@click.option("--shared-cores", type=click.IntRange(min=1), default=None,
+              help="The ranks share this many cores (the emulated cluster): scheme compute is stretched by W / "
+                   "cores.")
+@click.option("--measure-rates", is_flag=True,
+              help="Time the kernels here (the cost model's rates; tens of seconds) instead of this machine's "
+                   "rates in docs/results/cost-model.md.")
+@click.option("--tta", "tta_json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="`bench tta --json`: each scheme's steps to target (without it: equal steps assumed).")
+@click.option("--measured", "measured_json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="`advise-steps --json`: compare the predicted steps and winner with these measured ones.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
+              help="The advice (and validation) as JSON.")
+def advise(model, compute_seconds, batch, hidden_share, window, world, hosts, rate, latency_us, density,
+           dense_wire, sparse_wire, shared_cores, measure_rates, tta_json, measured_json, json_path) -> None:
+    """Predict every scheme's step and time to target on this network, the winner, and the crossover link
+    bandwidth above which optimized dense (16-bit wire, overlapped) wins."""
+    import json
+
+    from ..bench import advise as adv
+    from ..bench import costmodel as cm
+    from ..bench.model import model_size
+
+    hosts = hosts or world
+    steps = usage(adv.load_tta, tta_json) if tta_json else {}
+    measured = json.loads(open(measured_json).read()) if measured_json else None
+    compute_from = "given"
+    if compute_seconds is None and measured is not None:
+        compute_seconds, compute_from = float(measured["compute_seconds"]), "measured (--measured)"
+    if compute_seconds is None:
+        compute_seconds, compute_from = measure_compute(model, batch), f"measured here (batch {batch})"
+    rates = adv.DEFAULT_RATES
+    if measure_rates:
+        n = model_size(model)
+        rates = cm.measure_rates(n=n, repeats=3, processes=cm.sharing(world, shared_cores)[0])
+    setting = usage(adv.Setting, n=model_size(model), compute=compute_seconds, world=world, hosts=hosts,
+                    density=density, hidden_share=hidden_share, window=window, dense_wire=dense_wire,
+                    sparse_wire=sparse_wire, latency=latency_us * 1e-6, rates=rates, shared_cores=shared_cores,
+                    powersgd_elements=_powersgd_elements(model), steps=steps)
+    res = adv.advise(setting, cm.Link(latency=latency_us * 1e-6, bandwidth=rate))
+    res.update(model=model, compute_from=compute_from)
+    click.echo(adv.format_advice(res))
+    if measured is not None:
+        res["validation"] = adv.validate(res, measured)
+        click.echo(adv.format_validation(res["validation"]))
+    if json_path:
+        from ..results.files import write_json
+        from ..results.provenance import local_provenance
+
+        write_json(json_path, {**res, "provenance": local_provenance()})
+
+
+def _powersgd_elements(model: str) -> int | None:
+    from ..backend.fusion import FusionLayout
+    from ..models.shapes import layer_shapes
+    from ..schemes.powersgd import powersgd_elements
+
+    return powersgd_elements(FusionLayout(layer_shapes(model)))
+
+
+def measure_compute(model: str, batch: int, steps: int = 3) -> float:
+    """Median seconds of a local step (forward, backward, SGD) of the net on CIFAR-shaped random data."""
+    import statistics
+    import time
+
+    import torch
+
+    from ..bench.overlap import INPUT_SHAPE, OVERLAP_MODELS
+    from ..models.nets import build_model
+
+    if model not in OVERLAP_MODELS:
+        raise click.UsageError(f"measuring the compute of {model!r}: allowed {', '.join(OVERLAP_MODELS)}; "
+                               "or give --compute-seconds")
+    torch.manual_seed(0)
+    net = build_model(model, input_shape=INPUT_SHAPE, num_classes=10)
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = torch.randn(batch, *INPUT_SHAPE), torch.randint(0, 10, (batch,))
+    times = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+@click.command("advise-steps")
+@mpi_options
+@click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18"]), default="resnet18", show_default=True,
+              help="The net trained (CIFAR-shaped random batches, each rank its own).")
+@click.option("--scheme", "schemes", multiple=True, default=("topk", "cltk", "deft", "gtopk", "powersgd", "oktopk"),
+              show_default=True, type=click.Choice(["topk", "cltk", "deft", "gtopk", "powersgd", "oktopk"]),
+              help="Sparse schemes measured beside compute, dense, dense-16 and dense-opt (repeatable).")
+@click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True)
+@click.option("--dense-wire", type=click.Choice(WIRES), default="float16", show_default=True)
+@click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True, help="Samples per rank.")
+@click.option("--iters", type=click.IntRange(min=1), default=3, show_default=True, help="Timed steps per way.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed steps first.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
+              help="The measured steps (and provenance).")
+def advise_steps(nprocs, timeout, model, schemes, density, dense_wire, batch, iters, warmup, json_path) -> None:
+    """Measure every scheme's training step (with compute) to check `mpisparse advise` against."""
+    maybe_relaunch(nprocs, timeout)
+    from ..bench.advise_steps import format_steps, run_steps
+    from ..results.files import write_json
+    from ..results.provenance import gather_provenance
+
+    comm = open_comm(nprocs)
+    say = (lambda m: click.echo(m, err=True)) if comm.rank == 0 else None
+    res = run_steps(comm, model=model, schemes=tuple(dict.fromkeys(schemes)), density=density, batch=batch,
+                    iters=iters, warmup=warmup, dense_wire=dense_wire, progress=say)
+    prov = gather_provenance(comm)
+    if comm.rank == 0:
+        click.echo(format_steps(res))
+        write_json(json_path, {**res, "provenance": prov})

@@ -1,0 +1,139 @@
+"""``mpisparse advise``: the predicted step, time to target, winner and crossover (pure functions, no MPI),
+and its refusals (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from mpisparse.bench import advise as adv
+from mpisparse.bench import costmodel as cm
+from mpisparse.cli import cli
+
+N = 11_689_512  # resnet18
+LAT = 50e-6
+
+
+def setting(**kw):
+    base = dict(n=N, compute=1.0, world=2, hosts=2, density=0.01, hidden_share=0.35, powersgd_elements=N // 50)
+    return adv.Setting(**{**base, **kw})
+
+
+def link(bits):
+    return cm.Link(latency=LAT, bandwidth=bits / 8)
+
+
+def test_step_is_compute_plus_overhead_plus_the_exposed_exchange():
+    s = setting()
+    for label in adv.ADVISE_SCHEMES:
+        st = adv.step_time(label, s, link(1e9))
+        assert st["step"] == pytest.approx(st["compute"] + st["overhead"] + st["exchange"] - st["hidden"])
+        assert st["exposed"] == pytest.approx(st["exchange"] - st["hidden"])
+        assert (st["hidden"] > 0) == (label == adv.BASELINE)
+    # 16-bit halves dense's bytes: the baseline's exchange is half of float32 dense's (latency aside)
+    d32, d16 = (adv.step_time(x, s, link(1e9))["exchange"] for x in ("dense", adv.BASELINE))
+    assert d16 == pytest.approx(d32 / 2, rel=1e-3)
+    # dense float32 at W=2: the ring Allreduce moves n * 4 bytes each way
+    assert d32 == pytest.approx(N * 4 / (1e9 / 8), rel=1e-3)
+
+
+def test_overlap_hides_at_most_the_backward_window():
+    s = setting(compute=0.1, hidden_share=0.9, window=0.5)
+    slow = adv.step_time(adv.BASELINE, s, link(30e6))
+    assert slow["hidden"] == pytest.approx(0.05)  # capped: 0.9 of a multi-second exchange > half of 0.1 s
+    fast = adv.step_time(adv.BASELINE, s, link(100e9))
+    assert fast["hidden"] == pytest.approx(0.9 * fast["exchange"])
+
+
+def test_ranks_of_a_host_share_its_link():
+    one = adv.step_time("dense", setting(world=2, hosts=2), link(1e9))["exchange"]
+    two = adv.step_time("dense", setting(world=4, hosts=2), link(1e9))["exchange"]
+    assert two > 1.4 * one  # 4 ranks on 2 links: each rank's share of a link halves (and W/(W-1) grows)
+
+
+def test_peers_bytes_follow_their_formulas():
+    from mpisparse.schemes.oktopk import oktopk_bound_bytes
+
+    s = setting(world=4, hosts=4)
+    k = int(0.01 * N)
+    ok = adv.peer_phases("oktopk", s, cm.Link(latency=0.0, bandwidth=1.0))
+    assert ok["exchange"] == pytest.approx(oktopk_bound_bytes(k, 4, 4))  # float32 values: 4 bytes per element
+    ps = adv.peer_phases("powersgd", s, cm.Link(latency=0.0, bandwidth=1.0))
+    assert ps["exchange"] == pytest.approx(2 * 3 / 4 * (N // 50) * 4)
+    with pytest.raises(ValueError, match="not a peer scheme"):
+        adv.peer_phases("dense", s, link(1e9))
+
+
+def test_winner_flips_at_the_crossover():
+    s = setting(compute=0.5)
+    c = adv.crossover_bandwidth(s, LAT)
+    assert c is not None and 1e6 < c < 1e12
+    below, above = adv.advise(s, cm.Link(LAT, c / 1.05)), adv.advise(s, cm.Link(LAT, c * 1.05))
+    assert below["winner"] not in (adv.BASELINE, "dense") and above["winner"] == adv.BASELINE
+    assert below["crossover_bandwidth"] == pytest.approx(c)
+    assert below["steps_assumed"] is True
+
+
+def test_more_steps_to_target_lower_the_crossover():
+    equal = adv.crossover_bandwidth(setting(), LAT)
+    steps = {adv.BASELINE: 100.0, "dense": 100.0, **{x: 130.0 for x in adv.ADVISE_SCHEMES[2:]}}
+    slower = adv.crossover_bandwidth(setting(steps=steps), LAT)
+    assert slower < equal / 2
+    res = adv.advise(setting(steps=steps), link(1e12))
+    rows = {r["scheme"]: r for r in res["rows"]}
+    assert rows["topk"]["time_to_target"] == pytest.approx(130 * rows["topk"]["step_seconds"])
+    assert res["winner"] == adv.BASELINE and res["steps_assumed"] is False
+
+
+def test_no_sparse_scheme_reaching_the_target_means_dense_wins_everywhere():
+    steps = {adv.BASELINE: 100.0, **{x: None for x in adv.ADVISE_SCHEMES[1:]}}
+    s = setting(steps=steps)
+    assert adv.advise(s, link(1e6))["winner"] == adv.BASELINE
+    assert adv.crossover_bandwidth(s, LAT) == 1e4  # the lowest bandwidth of the range
+
+
+def test_load_tta_maps_the_optimized_dense_row(tmp_path):
+    p = tmp_path / "tta.json"
+    p.write_text(json.dumps({"rows": [
+        {"scheme": "dense", "wire_dtype": "float16", "overlap": True, "steps_to_target": 120},
+        {"scheme": "dense", "wire_dtype": "float32", "steps_to_target": 118},
+        {"scheme": "topk", "steps_to_target": "not reached"}, {"scheme": "deft", "steps_to_target": 150}]}))
+    assert adv.load_tta(str(p)) == {adv.BASELINE: 120.0, "dense": 118.0, "topk": None, "deft": 150.0}
+    p.write_text(json.dumps([{"scheme": "topk", "steps_to_target": 3}]))
+    with pytest.raises(ValueError, match="no dense row"):
+        adv.load_tta(str(p))
+
+
+def test_validation_compares_steps_and_winners():
+    res = adv.advise(setting(), link(1e9))
+    measured = {"rows": [{"scheme": r["scheme"], "step_seconds": r["step_seconds"] * 1.1} for r in res["rows"]]}
+    measured["rows"].append({"scheme": "dense-16", "step_seconds": 0.01})  # measured only, not a contender
+    v = adv.validate(res, measured)
+    assert v["winner_agrees"] and v["max_abs_error"] == pytest.approx(1 / 11)
+    assert "agree" in adv.format_validation(v)
+
+
+@pytest.mark.mpi  # the JSON's provenance asks mpi4py for the MPI library's version
+def test_cli_prints_the_winner_and_crossover(tmp_path):
+    j = tmp_path / "a.json"
+    r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "0.5", "--rate", "30mbit", "--json", str(j)])
+    assert r.exit_code == 0, r.output
+    assert "winner:" in r.output and "crossover: dense-opt wins above" in r.output
+    assert "assumed to need as many steps as dense" in r.output
+    res = json.loads(j.read_text())
+    assert res["bandwidth"] == pytest.approx(30e6 / 8) and res["winner"] not in (adv.BASELINE, "dense")
+    assert {r["scheme"] for r in res["rows"]} == set(adv.ADVISE_SCHEMES)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rate", "1gbt"], "link rate '1gbt'"),
+    (["--rate", "0mbit"], "link rate '0mbit'; it must be > 0"),
+    (["--hidden-share", "1.5"], "Invalid value for '--hidden-share'"),
+    (["-W", "3", "--hosts", "2"], "W = 3 on 2 hosts"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "1", *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert len([ln for ln in r.output.splitlines() if ln.startswith("Error")]) == 1
