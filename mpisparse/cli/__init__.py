@@ -4,7 +4,7 @@
 ``main``       the group, the console entry point, errors, MPI abort
 ``info``       ``mpisparse info``
 ``advise``     ``mpisparse advise`` (the advisor, no MPI) and ``advise-steps``
-``bench``      ``mpisparse bench step|exchange|select|scaling``
+``bench``      ``mpisparse bench step|exchange|select|scaling`` (``bench_tta``: ``bench tta``)
 ``train``      ``mpisparse train``
 ``jobs``       ``mpisparse jobs list|render|examples``
 ``reproduce``  ``mpisparse reproduce``
@@ -20,6 +20,7 @@ Nothing outside this package imports it.
 
 from .advise import advise, advise_steps
 from .bench import bench
+from .bench_tta import bench_tta
 from .info import info
 from .jobs import jobs
 from .main import cli, main
@@ -31,6 +32,7 @@ __all__ = ["cli", "main", "open_comm"]
 
 cli.add_command(info)
 cli.add_command(bench)
+bench.add_command(bench_tta)
 cli.add_command(train)
 cli.add_command(jobs)
 cli.add_command(reproduce)
