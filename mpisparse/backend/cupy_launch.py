@@ -19,7 +19,7 @@ import numpy as np
 from . import numpy_select as _nk
 
 #: The CUDA C sources of this backend (in ``mpisparse/backend/cuda``).
-KERNEL_SOURCES = ("select.cu", "rowwise.cu", "scatter.cu", "segmented.cu")
+KERNEL_SOURCES = ("select.cu", "rowwise.cu", "scatter.cu", "segmented.cu", "radix.cu")
 
 #: Threads per block of the element-wise kernels (a multiple of 32).
 BLOCK = 256

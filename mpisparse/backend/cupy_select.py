@@ -57,6 +57,7 @@ import numpy as np
 
 from . import index_dtype  # the one place the index width is decided
 from . import cupy_graph as _graph
+from . import cupy_radix as _radix2
 from . import numpy_select as _nk
 from .cupy_launch import (BLOCK, KTH_THREADS, VILP, _NULL, _as_1d_float, _check_scratch, _cupy, _grid, _in,
                           _kernel, _key_dtype, _tn, _work)
@@ -69,7 +70,7 @@ DENSE_FRACTION = _nk.DENSE_FRACTION
 MAX_RETRIES = _nk.MAX_RETRIES
 _RADIX_BINS = 4096
 _SHIFTS = {4: (19, 7, 0), 8: (51, 39, 27, 15, 3, 0)}  # 12-bit digits of 31 / 63 key bits
-_METHODS = ("auto", "sample", "radix")
+_METHODS = ("auto", "sample", "radix", "radix2")
 
 _cap_hint: dict[int, int] = {}
 
@@ -406,6 +407,8 @@ def topk_abs(x, k, *, scratch=None, rng=None, method: str = "auto", reuse: bool 
         method = auto_method(n, k)
     if method == "radix":
         return _radix_topk(w, k, idt)
+    if method == "radix2":
+        return _radix2.topk(w, k, idt, reuse)
     return _sampled_topk(w, k, idt, _nk._get_rng(rng), reuse)
 
 

@@ -209,6 +209,7 @@ inline T __shfl_sync(unsigned, T v, int src, int = 32) {
     return out;
 }
 
+inline void __threadfence() {}  // blocks run one after another: every write is already visible
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 inline unsigned __float_as_uint(float v) {
