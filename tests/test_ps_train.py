@@ -68,3 +68,12 @@ def test_sparse_ps_schemes_reach_their_dense_baselines_on_digits(tmp_path):
     assert acc["slimdp"] >= acc["plumpdp"] - 2.0, acc
     assert acc["dgs"] >= acc["asgd"] - 2.0, acc
     assert acc["plumpdp"] > 95 and acc["asgd"] > 95, acc
+
+
+def test_ps_checkpoints_resume_exactly_where_synchronous_runs_end():
+    """tests/mpi/check_ps_resume.py on 3 ranks (2 workers, 1 server): slimdp resumed at an epoch's end and dgs
+    --round-robin stopped by SIGUSR1 mid-epoch end exactly as uninterrupted; asgd (arrival order) in the band;
+    another configuration or other ranks refused."""
+    from conftest import rank_case
+
+    rank_case("ps_resume", 3)

@@ -231,7 +231,7 @@ def test_ps_schemes_are_registered_in_the_ps_runtime():
     (["train", "-n", "3", "--scheme", "slimdp", "--density", "0.3", "--core", "0.5"],
      "--core is 0.5; the core is part of the communication set, allowed range is [0, --density = 0.3]"),
     (["train", "-n", "3", "--scheme", "dgs", "--sam-momentum", "1"], "--sam-momentum is 1.0; allowed range is [0, 1)"),
-    (["train", "-n", "3", "--scheme", "asgd", "--checkpoint", "{tmp}/x"], "--checkpoint/--resume are not supported"),
+    (["train", "-n", "3", "--scheme", "asgd", "--resume"], "--resume needs --checkpoint DIR"),
     (["train", "-n", "3", "--scheme", "asgd", "--server-density", "0.1"], "--server-density is an option of dgs"),
 ])
 def test_bad_ps_options_fail_in_one_line_before_mpi(args, message, tmp_path):

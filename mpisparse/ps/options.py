@@ -16,7 +16,7 @@ def check_config(cfg: Any, world: int | None = None) -> None:
 
     ``cfg``'s fields are already valid one by one.  Raises ValueError (one
     sentence naming the values): cross-option conflicts (``--core`` above
-    ``--density``), a world without a worker, checkpoints.
+    ``--density``), a world without a worker.
     """
     cls = scheme_class(cfg.scheme)
     if not issubclass(cls, PSScheme):
@@ -24,6 +24,4 @@ def check_config(cfg: Any, world: int | None = None) -> None:
     cls.check_config(cfg.density, cfg.scheme_options)
     if world is not None:
         Roles(world, int(cfg.servers))
-    if getattr(cfg, "checkpoint", None) or getattr(cfg, "resume", False):
-        raise ValueError(f"--checkpoint/--resume are not supported for the parameter-server scheme "
-                         f"{cfg.scheme!r}")
+

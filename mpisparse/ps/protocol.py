@@ -16,6 +16,8 @@ Kinds, worker -> server:
 ``PUSH_FULL``  Slim-DP's full push before a core re-selection
 ``GET``        "send me the model as you hold it" (evaluation)
 ``DONE``       this worker has finished; it waits for its final bundle
+``SAVE``       a checkpoint now: ``keys = [tag, stop]`` (the checkpoint's step, 1 when the run ends after
+               it); the worker has every push answered and sends nothing more until the save is done
 
 server -> worker:
 
@@ -36,10 +38,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 TAG_BASE = 0x5300
-PUSH, PUSH_FULL, GET, DONE = TAG_BASE + 1, TAG_BASE + 2, TAG_BASE + 3, TAG_BASE + 4
+PUSH, PUSH_FULL, GET, DONE, SAVE = TAG_BASE + 1, TAG_BASE + 2, TAG_BASE + 3, TAG_BASE + 4, TAG_BASE + 5
 PULL, MODEL, CORE, DIFF = TAG_BASE + 11, TAG_BASE + 12, TAG_BASE + 13, TAG_BASE + 14
 VALUES = TAG_BASE + 20
-KIND_NAMES = {PUSH: "PUSH", PUSH_FULL: "PUSH_FULL", GET: "GET", DONE: "DONE", PULL: "PULL",
+KIND_NAMES = {PUSH: "PUSH", PUSH_FULL: "PUSH_FULL", GET: "GET", DONE: "DONE", SAVE: "SAVE", PULL: "PULL",
               MODEL: "MODEL", CORE: "CORE", DIFF: "DIFF"}
 NON_TERMINAL = frozenset({CORE, DIFF})
 KEY_DTYPE = np.int32

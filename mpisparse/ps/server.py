@@ -14,6 +14,11 @@ One loop per server rank, single-threaded and message-driven:
    - ``DONE``: the worker leaves; in synchronous mode a round then waits
      only for the workers still active, so workers may stop at different
      times without a deadlock;
+   - ``SAVE`` (checkpoints): the worker has had every push answered and
+     waits; once every active worker has sent it (same tag), no push is in
+     flight anywhere and the server's state is the one the workers' models
+     were pulled from: ``on_save(tag, stop)`` writes the checkpoint (a
+     collective with the workers), then the loop goes on (or ends, ``stop``);
 3. send every worker its final bundle (the shard; DGS first sends the
    pending model difference).
 
@@ -39,12 +44,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..results.timing import PhaseTimer
 from .algorithm import ServerAlgorithm
 from .polling import Poller
-from .protocol import DONE, GET, MODEL, PUSH, PUSH_FULL, Part, ProtocolError, recv_bundle, send_bundle
+from .protocol import DONE, GET, MODEL, PUSH, PUSH_FULL, SAVE, Part, ProtocolError, recv_bundle, send_bundle
 from .roles import Roles, Shard
 
 MODES = ("sync", "async", "round-robin")
@@ -83,7 +88,8 @@ class ServerLoop:
     """Serve ``roles.workers`` workers with ``algo`` on ``shard`` until all are done."""
 
     def __init__(self, comm, roles: Roles, shard: Shard, algo: ServerAlgorithm, *, mode: str,
-                 timer: PhaseTimer | None = None, warmup: int = 0):
+                 timer: PhaseTimer | None = None, warmup: int = 0,
+                 on_save: Callable[[int, bool], None] | None = None):
         if mode not in MODES:
             raise ValueError(f"server mode {mode!r}; choose one of {', '.join(MODES)}")
         self.comm = comm
@@ -100,6 +106,41 @@ class ServerLoop:
         self._round: dict[int, Any] = {}
         self._version = 0
         self._last_pull = [0] * K
+        self._turn = 0  # round-robin: position in the active workers of the one served next
+        self.on_save = on_save
+        self._saving: dict[int, tuple[int, bool]] = {}
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The scheme's server state and where the loop is (between rounds: nothing in flight)."""
+        return {"algo": self.algo.state_dict(),
+                "loop": {"version": self._version, "last_pull": list(self._last_pull), "turn": self._turn,
+                         "pushes": self.stats.pushes, "rounds": self.stats.rounds}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.algo.load_state_dict(state["algo"])
+        loop = state["loop"]
+        self._version, self._turn = int(loop["version"]), int(loop["turn"])
+        self._last_pull = [int(v) for v in loop["last_pull"]]
+        self.stats.pushes, self.stats.rounds = int(loop["pushes"]), int(loop["rounds"])
+
+    def _save_request(self, source: int, parts: list[Part], active: list[int]) -> None:
+        keys = parts[-1].keys
+        if self.on_save is None or keys.size != 2:
+            raise ProtocolError(f"server {self.shard.index}: SAVE from worker {source} "
+                                f"{'without a checkpoint directory' if self.on_save is None else 'malformed'}")
+        if source in self._saving:
+            raise ProtocolError(f"worker {source} sent SAVE twice for one checkpoint")
+        self._saving[source] = (int(keys[0]), bool(keys[1]))
+        if set(self._saving) != set(active):
+            return
+        requests = set(self._saving.values())
+        if len(requests) != 1 or self._round:
+            raise ProtocolError(f"server {self.shard.index}: workers asked for different checkpoints "
+                                f"{sorted(requests)} or while a round was open")
+        self._saving.clear()
+        tag, stop = requests.pop()
+        self.on_save(tag, stop)
 
     # ------------------------------------------------------------------ sends
     def _send(self, worker: int, parts: list[Part]) -> int:
@@ -132,16 +173,16 @@ class ServerLoop:
         for k in range(K):
             st.setup_bytes += self._send(k, self.algo.init_parts(k))
         active = list(range(K))
-        turn = 0  # round-robin: position in ``active`` of the worker served next
         while active:
             self.timer.recording = st.pushes >= self.warmup * K
             with self.timer.step():
-                expect = active[turn % len(active)] if self.mode == "round-robin" else None
+                expect = (active[self._turn % len(active)] if self.mode == "round-robin" and not self._saving
+                          else None)
                 with self.timer.phase("wait"):
                     source, kind, nbytes = self.poller.probe(expect)
-                if source not in active:
+                if source not in active or source in self._saving:
                     raise ProtocolError(f"server {self.shard.index}: message {kind} from rank {source}, "
-                                        f"which is not an active worker")
+                                        f"which is not an active worker (or waits for a checkpoint)")
                 if kind in (PUSH, PUSH_FULL):
                     with self.timer.phase("push"):
                         parts = recv_bundle(comm, source, first=(kind, nbytes))
@@ -160,7 +201,7 @@ class ServerLoop:
                             self.algo.apply([(source, push)])
                         self._version += 1
                         self._reply(source)
-                        turn = (active.index(source) + 1) % len(active)
+                        self._turn = (active.index(source) + 1) % len(active)
                 elif kind == GET:
                     recv_bundle(comm, source, first=(kind, nbytes))
                     st.get_bytes += self._send(source, [Part(MODEL, values=self.algo.model().copy())])
@@ -170,11 +211,13 @@ class ServerLoop:
                     active.remove(source)
                     st.done_order.append(source)
                     if active:
-                        turn = pos % len(active)
+                        self._turn = pos % len(active)
                     if self.mode == "sync":
                         if source in self._round:
                             raise ProtocolError(f"worker {source} sent DONE while its push waits for an answer")
                         self._complete_round_if_ready(active)
+                elif kind == SAVE:
+                    self._save_request(source, recv_bundle(comm, source, first=(kind, nbytes)), active)
                 else:
                     raise ProtocolError(f"server {self.shard.index}: unexpected message kind {kind} "
                                         f"from rank {source}")

@@ -307,9 +307,15 @@ class SlimDPServer(ServerAlgorithm):
         return parts
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "core": self.core.copy(), "t": self.t}
+        return {**super().state_dict(), "core": self.core.copy(), "t": self.t, "gsum": self._gsum.copy(),
+                "gcount": self._gcount, "reselections": list(self.reselections)}
 
     def load_state_dict(self, state) -> None:
         super().load_state_dict(state)
         self.core = np.asarray(state["core"], dtype=KEY_DTYPE)
+        self._round_core = self.core
         self.t = int(state["t"])
+        if "gsum" in state:
+            self._gsum[...] = state["gsum"]
+            self._gcount = int(state["gcount"])
+            self.reselections = [int(t) for t in state["reselections"]]

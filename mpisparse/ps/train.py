@@ -30,8 +30,23 @@ model, and worker 0 evaluates it: the last epoch's test metrics (and
 per epoch is the mean over workers.  Batch-norm running statistics are
 not parameters: each worker keeps its own, worker 0's are used.
 
-Checkpoint / resume are not supported by this runtime.  The loop itself
-(epochs, logging, evaluation, history) is :mod:`mpisparse.train.core`.
+Checkpoints (``--checkpoint``, ``--resume``, SIGUSR1): the files of
+:mod:`mpisparse.train.checkpoint`, one per rank: a worker's holds its model
+(parameters and buffers), local optimizer, scheme state (residuals,
+momentum, Slim-DP's core and sampler), RNG and losses; a server's its shard
+and the scheme's server state (DGS's ``M`` and ``v``, Slim-DP's core and
+significance sums) and where its loop is (version, round-robin turn).  The
+save protocol makes the state consistent: with ``--checkpoint`` the
+workers agree after every step (on a communicator of their own) whether a
+signal asks for a checkpoint, so at a save point every worker has finished
+the same step and had every push answered; each then sends ``SAVE`` to
+every server and stops pushing; a server that has ``SAVE`` from every
+active worker has nothing in flight, and all ranks write their files
+together (one collective save: atomic, ENOSPC undone); then the workers go
+on (or, after a signal's checkpoint, every rank ends with exit code 0).
+A resume needs the same ranks and ``--servers`` (the ranks have roles).
+The loop itself (epochs, logging, evaluation, history) is
+:mod:`mpisparse.train.core`.
 """
 
 from __future__ import annotations
@@ -46,8 +61,9 @@ from ..data import iterate_batches, lm_batches
 from ..backend.fusion import FusionLayout
 from ..registry import create
 from ..results.timing import PhaseTimer
-from ..train.core import LoopState, StepOutcome, run_loop
+from ..train.core import LoopState, Preempted, StepOutcome, open_checkpoint, run_loop
 from ..train.loop import ModelStep, evaluate, seeded_setup
+from .protocol import SAVE, Part, send_bundle
 from .results import gather_ps_result
 
 
@@ -83,9 +99,9 @@ def bind_flat(model: torch.nn.Module) -> tuple[FusionLayout, list[torch.nn.Param
 def run_ps_training(comm, cfg, *, progress: Callable[[str | None], None] | None = None,
                     step_log: Callable[[dict[str, Any]], None] | None = None):
     """Train ``cfg`` (a :class:`mpisparse.config.TrainConfig`) with ``cfg.servers`` parameter servers."""
-    if cfg.checkpoint or cfg.resume:
-        raise ValueError(f"--checkpoint/--resume are not supported for the parameter-server scheme "
-                         f"{cfg.scheme!r}")
+    opened = open_checkpoint(comm, cfg, reshard=False) if cfg.checkpoint else None  # every rank
+    # with checkpoints the workers agree on signals among themselves (the servers hear by message)
+    workers = comm.split(0 if comm.rank < comm.size - cfg.servers else 1) if cfg.checkpoint else None
     lm, ds, model = seeded_setup(cfg)
     layout, params, flat = bind_flat(model)
     w = flat.numpy()
@@ -93,9 +109,27 @@ def run_ps_training(comm, cfg, *, progress: Callable[[str | None], None] | None 
                     servers=cfg.servers, **dict(cfg.scheme_options))
     timer = PhaseTimer()
     if scheme.is_server():
-        return ps_train_result(comm, cfg, scheme, scheme.make_server(w, timer=timer).run().summary(timer), [])
+        server = scheme.make_server(w, timer=timer)
+        if opened is not None:
+            server.on_save = _server_save(comm, cfg, server)
+            if opened.mine is not None:
+                server.load_state_dict(opened.mine["server"])
+        return ps_train_result(comm, cfg, scheme, server.run().summary(timer), [])
     step = WorkerStep(comm, cfg, scheme, lm, ds, model, params, layout, w, timer)
-    return run_loop(comm, cfg, step, progress=progress, step_log=step_log)
+    step.agree_comm = workers
+    return run_loop(comm, cfg, step, progress=progress, step_log=step_log, opened=opened)
+
+
+def _server_save(comm, cfg, server):
+    """A server's part of a checkpoint (the workers asked for it with ``SAVE``; a collective with them)."""
+    from ..train import checkpoint
+
+    def save(tag: int, stop: bool) -> None:
+        checkpoint.save(cfg.checkpoint, comm, tag, {}, {"server": server.state_dict()})
+        if stop:  # a signal's checkpoint: the workers stop after it, so does this server
+            raise Preempted()
+
+    return save
 
 
 def ps_train_result(comm, cfg, scheme, local: dict[str, Any], history: list[dict[str, Any]]):
@@ -126,6 +160,7 @@ class WorkerStep(ModelStep):
     """
 
     description = "the parameter-server runtime"
+    checkpointable = True
     epoch_note = "  (worker 0's train loss)"
     final_note = "  (the servers' final model)"
 
@@ -146,7 +181,36 @@ class WorkerStep(ModelStep):
         else:
             self.test_batches = list(iterate_batches(ds.test_x, ds.test_y, np.arange(len(ds.test_y)), 512))
         self.epoch_losses: list[float] = []
+        self.iteration = 0
         self.worker.start(w)  # w_k^0 <- Pull(w^0)
+
+    def after_batch(self, outcome: StepOutcome, iteration: int) -> StepOutcome:
+        self.iteration = iteration
+        return outcome
+
+    def before_save(self, tag: int, stopping: bool) -> None:
+        """The save protocol: every push is answered (the step is over); ask every server to join the save."""
+        keys = np.array([tag, int(stopping)], dtype=np.int32)
+        pending: list = []
+        for sh in self.scheme.shards:
+            send_bundle(self.comm, [Part(SAVE, keys=keys)], sh.rank, pending)
+        self.comm.waitall(pending)
+
+    def state(self):
+        mine = {"model": self.model.state_dict(), "worker": self.worker.algo.state_dict(),
+                "epoch_losses": list(self.epoch_losses), "torch_rng": torch.get_rng_state()}
+        if self.opt is not None:
+            mine["optimizer"] = self.opt.state_dict()
+        return {"runtime": "ps"}, mine
+
+    def load_state(self, common, mine) -> None:
+        self.model.load_state_dict(mine["model"])  # copies into the views of w
+        self.worker.algo.load_state_dict(mine["worker"])
+        if self.opt is not None:
+            self.opt.load_state_dict(mine["optimizer"])
+        self.epoch_losses = [float(v) for v in mine["epoch_losses"]]
+        torch.set_rng_state(mine["torch_rng"])
+        self.iteration = int(common["loop"]["iteration"])
 
     def bytes_sent(self) -> int:
         return 0  # a step reports what its push sent (StepOutcome.bytes)
@@ -203,7 +267,9 @@ class WorkerStep(ModelStep):
         return self.comm.rank == 0
 
     def evaluate(self, epoch: int) -> dict[str, float] | None:
-        if self.comm.rank != 0 or epoch + 1 >= self.cfg.epochs:
+        # the last epoch's metrics come from finish(); with checkpoints they are also taken now, so that a
+        # checkpoint's history holds them for a resume with more epochs (the same servers' model)
+        if self.comm.rank != 0 or (epoch + 1 >= self.cfg.epochs and not self.cfg.checkpoint):
             return None
         return self._evaluate_vector(self.worker.fetch_model())
 

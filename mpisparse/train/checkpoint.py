@@ -271,9 +271,10 @@ def clean(directory: str | os.PathLike, comm) -> list[Path]:
     return removed
 
 
-def load(directory: str | os.PathLike, comm) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def load(directory: str | os.PathLike, comm, *, reshard: bool = True) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """``(common, per_rank)``; at another world size ``per_rank`` is this rank's share of the old ranks'
-    parts (:func:`mpisparse.train.reshard.gather_parts`, collective), without ``torch_rng``.
+    parts (:func:`mpisparse.train.reshard.gather_parts`, collective), without ``torch_rng``; with
+    ``reshard`` False another world size is a :class:`CheckpointError` (ranks with roles: servers).
 
     Every error is a :class:`CheckpointError` naming the file.
     """
@@ -289,6 +290,9 @@ def load(directory: str | os.PathLike, comm) -> tuple[dict[str, Any], dict[str, 
     if not isinstance(common, dict) or "world_size" not in common:
         raise CheckpointError(f"checkpoint file {target / 'common.pt'} does not hold a checkpoint's common part")
     saved = int(common["world_size"])
+    if saved != comm.size and not reshard:
+        raise CheckpointError(f"checkpoint {target} was written by {saved} ranks, this job has {comm.size}: a "
+                              "parameter-server checkpoint resumes on as many ranks (-n) and --servers as wrote it")
     if saved != comm.size:
         from .reshard import gather_parts
 

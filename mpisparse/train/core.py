@@ -35,8 +35,8 @@ import numpy as np
 from ..results.build import current_rss_bytes
 from ..mpi.signals import early_usr1
 
-__all__ = ["LoopState", "NoProgress", "Preempted", "StepOutcome", "TrainStep", "epoch_line", "mean_over_ranks",
-           "run_loop"]
+__all__ = ["LoopState", "NoProgress", "Opened", "Preempted", "StepOutcome", "TrainStep", "epoch_line", "mean_over_ranks",
+           "open_checkpoint", "run_loop"]
 
 Progress = Callable[[str | None], None]
 
@@ -73,6 +73,9 @@ class TrainStep:
     checkpointable: bool = False
     #: what the refusal of a checkpoint names, e.g. "the parameter-server scheme 'dgs'"
     description: str = "this runtime"
+    #: the ranks that agree after every step whether a signal asks for a checkpoint (None: all of the
+    #: loop's ``comm``; the parameter-server workers, whose servers are told by message)
+    agree_comm: Any = None
     #: appended to the printed line of an epoch with a test evaluation / of the final evaluation
     epoch_note: str = ""
     final_note: str = ""
@@ -114,6 +117,10 @@ class TrainStep:
     def finish(self) -> dict[str, float] | None:
         """After the last epoch: test metrics that replace the last epoch's, or None.  Default: None."""
         return None
+
+    def before_save(self, tag: int, stopping: bool) -> None:
+        """Just before a checkpoint named ``tag`` is written (``stopping``: the run ends after it, a signal's
+        checkpoint).  Default: nothing."""
 
     def state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """``(common, this rank's)`` parts of a checkpoint (only when :attr:`checkpointable`)."""
@@ -209,11 +216,28 @@ def epoch_line(r: dict[str, Any], epochs: int) -> str:
             f"{test}  ({r['wall_seconds']:.1f}s)")
 
 
-def _resume(comm, cfg, step: TrainStep, loop: LoopState) -> None:
+@dataclass
+class Opened:
+    """A checkpoint directory made ready (:func:`open_checkpoint`): what to resume from, if anything."""
+
+    common: dict[str, Any] | None = None
+    mine: dict[str, Any] | None = None
+
+
+def open_checkpoint(comm, cfg, *, reshard: bool = True) -> Opened:
+    """Collective over ``comm``: remove what a killed save left in ``cfg.checkpoint``; with ``cfg.resume``
+    read this rank's part and refuse (ValueError) a checkpoint written by another configuration.
+
+    ``reshard`` False: a checkpoint of another world size is refused too (a runtime whose ranks have
+    roles, e.g. the parameter servers).  :func:`run_loop` calls it unless handed the result.
+    """
     from ..config import RESUME_FREE_FIELDS, config_differences, flat_fields
     from . import checkpoint
 
-    common, mine = checkpoint.load(cfg.checkpoint, comm)
+    checkpoint.clean(cfg.checkpoint, comm)  # what a save killed half-way left
+    if not cfg.resume:
+        return Opened()
+    common, mine = checkpoint.load(cfg.checkpoint, comm, reshard=reshard)
     saved = common.get("config")
     if not isinstance(saved, dict):
         raise checkpoint.CheckpointError(f"checkpoint in {cfg.checkpoint} holds no configuration to compare "
@@ -226,6 +250,11 @@ def _resume(comm, cfg, step: TrainStep, loop: LoopState) -> None:
                           for k in diffs[:6])
         raise ValueError(f"checkpoint in {cfg.checkpoint} was written by a different run ({named}); --resume "
                          "continues the same run: only --epochs and output options may change")
+    return Opened(common, mine)
+
+
+def _resume(opened: Opened, step: TrainStep, loop: LoopState) -> None:
+    common, mine = opened.common, opened.mine
     step.load_state(common, mine)
     pos = common["loop"]
     loop.epoch, loop.batch, loop.iteration, loop.skipped = pos["epoch"], pos["batch"], pos["iteration"], pos["skipped"]
@@ -235,9 +264,11 @@ def _resume(comm, cfg, step: TrainStep, loop: LoopState) -> None:
     loop.wall_offset = common["wall_seconds"]
 
 
-def _save(comm, cfg, step: TrainStep, loop: LoopState, epoch: int, batch: int, wall: float) -> None:
+def _save(comm, cfg, step: TrainStep, loop: LoopState, epoch: int, batch: int, wall: float, *,
+          stopping: bool = False) -> None:
     from . import checkpoint
 
+    step.before_save(loop.iteration, stopping)
     common, mine = step.state()
     common = {**common, "loop": {"epoch": epoch, "batch": batch, "iteration": loop.iteration,
                                  "skipped": loop.skipped, "consecutive_skipped": loop.consecutive_skipped},
@@ -263,23 +294,24 @@ def _count_skip(cfg, loop: LoopState, stepped: bool, epoch: int, batch: int) -> 
 
 
 def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
-             step_log: Callable[[dict[str, Any]], None] | None = None):
+             step_log: Callable[[dict[str, Any]], None] | None = None, opened: Opened | None = None):
     """Train ``cfg.epochs`` epochs of ``step`` on this rank; returns ``step.result(loop)``.
 
     ``cfg`` is the run's :class:`~mpisparse.config.TrainConfig` (``epochs``,
-    ``checkpoint`` and ``resume`` are read here; the step reads the rest).
+    ``checkpoint`` and ``resume`` are read here; the step reads the rest).  ``opened``: the
+    checkpoint directory already opened on every rank of ``comm`` (:func:`open_checkpoint`), where a
+    runtime needs that before its step object exists.
     """
     if (cfg.checkpoint or cfg.resume) and not step.checkpointable:
         raise ValueError(f"--checkpoint/--resume are not supported for {step.description}")
     loop = LoopState()
-    if cfg.checkpoint:
-        from . import checkpoint
-
-        checkpoint.clean(cfg.checkpoint, comm)  # what a save killed half-way left
-    if cfg.resume:
-        if not cfg.checkpoint:
-            raise ValueError("--resume needs --checkpoint DIR")
-        _resume(comm, cfg, step, loop)
+    if cfg.resume and not cfg.checkpoint:
+        raise ValueError("--resume needs --checkpoint DIR")
+    if cfg.checkpoint and opened is None:
+        opened = open_checkpoint(comm, cfg)
+    if opened is not None and opened.common is not None:
+        _resume(opened, step, loop)
+    agree = step.agree_comm if step.agree_comm is not None else comm
     start_epoch, start_batch = loop.epoch, loop.batch
     timer = step.timer
     t_start = time.perf_counter() - loop.wall_offset
@@ -319,9 +351,9 @@ def run_loop(comm, cfg, step: TrainStep, *, progress: Progress | None = None,
                 if progress is not None:
                     progress(f"epoch {epoch + 1}/{cfg.epochs} batch {b + 1}/{len(batches)} loss {out.loss:.4f}",
                              done=epoch * len(batches) + b + 1, total=cfg.epochs * len(batches))
-                if cfg.checkpoint and _agree_flag(comm, signals.requested):
+                if cfg.checkpoint and _agree_flag(agree, signals.requested):
                     # a scheduler's warning (SLURM --signal=B:USR1@T): checkpoint, then stop cleanly
-                    _save(comm, cfg, step, loop, epoch, b + 1, time.perf_counter() - t_start)
+                    _save(comm, cfg, step, loop, epoch, b + 1, time.perf_counter() - t_start, stopping=True)
                     say(f"signal received: checkpoint written to {cfg.checkpoint}; stopping (continue with --resume)")
                     raise Preempted()
                 if step.stop_requested():
