@@ -138,7 +138,7 @@ def test_the_fixed_cost_benchmark_runs_its_three_ways_and_checks_the_replay(cp):
     from mpisparse.bench import fixed_cost
 
     res = fixed_cost.run(n=8_192, density=0.002, calls=1)
-    assert set(res["ms"]) == {"threshold_select", "topk_abs_sample"}
+    assert set(res["ms"]) == {"threshold_select", "topk_abs_sample", "topk_abs_radix2"}
     assert all(set(v) == {"plain", "graph", "graph_reuse"} for v in res["ms"].values())
     assert res["stats"]["plain"]["captures"] == 0 and res["stats"]["graph"]["replays"] > 0
     assert res["replay_equals_fresh"] and res["replays_in_check"] > 0 and res["capture_unsupported"] is None

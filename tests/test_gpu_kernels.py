@@ -403,8 +403,8 @@ def test_gpu_select_benches_run_and_report(cp):
 
     res = select_gpu.run_select_bench_gpu(n=20_001, density=0.01, repeats=1)
     assert res["auto"]["picked"] == ck.auto_method(20_001, res["params"]["k"])
-    assert set(res["auto"]["times_ms"]) == {"sample", "radix"}
-    assert all(res["checks"][f"topk_exact_{m}"] for m in ("auto", "sample", "radix"))
+    assert set(res["auto"]["times_ms"]) == {"sample", "radix", "radix2"}
+    assert all(res["checks"][f"topk_exact_{m}"] for m in ("auto", "sample", "radix", "radix2"))
     text = select_gpu.format_select_bench_gpu(res)
     assert "auto picked" in text
     rows = select_gpu.run_deft_select_bench_gpu(models=("ncf",), worlds=(2,), repeats=1)

@@ -40,8 +40,9 @@ def test_issue_table_says_measured_target_met_for_every_row():
     from mpisparse.bench.gpucheck import issue_table
 
     results = {
-        "select": {"timings": {"topk_abs": {"best_ms": 0.095}}, "ratios": {"torch_topk/topk_abs": 7.2,
-                                                                           "threshold_select/one_read": 2.3}},
+        "select": {"timings": {"topk_abs": {"best_ms": 0.095}, "topk_abs_radix2": {"best_ms": 0.12}},
+                   "ratios": {"torch_topk/topk_abs": 7.2, "threshold_select/one_read": 2.3,
+                              "torch_topk/topk_abs_radix2": 5.7}},
         "fixed-cost": {"n": 65536, "target_ms": 0.015, "replay_equals_fresh": True,
                        "ms": {"threshold_select": {"plain": 0.04, "graph": 0.012, "graph_reuse": 0.010},
                               "topk_abs_sample": {"plain": 0.11, "graph": 0.02, "graph_reuse": 0.018}}},
@@ -52,7 +53,8 @@ def test_issue_table_says_measured_target_met_for_every_row():
                       {"scheme": "topk", "staging_copies_per_step": {"d2h": 0, "h2d": 0}}],
     }
     rows = issue_table(results)
-    assert [r["met"] for r in rows] == [True, False, False, True, True, True, True]
+    assert [r["met"] for r in rows] == [True, False, False, True, True, True, False, True]
+    assert rows[6]["measured"] == "0.120 ms = 5.70x torch.topk" and "radix2" in rows[6]["row"]
     assert rows[0]["measured"] == "0.095 ms = 7.20x torch.topk" and rows[0]["target"].startswith("<= 0.10 ms")
     assert "topk_abs_sample 0.0180 ms (plain 0.1100)" in rows[2]["measured"]
     assert all(r["met"] is None and r["measured"] == "-" for r in issue_table({}))

@@ -40,6 +40,10 @@ is exact after the pass, and the pass runs once more.
    :data:`SORT_LIMIT`; otherwise the next 12-bit digit (radix passes on the
    candidate arrays); when the digits are used up the remaining keys are
    all equal and any ``need`` of them complete the top k.
+4. ``radix2`` (:mod:`.cupy_radix`, ``cuda/radix.cu``): the radix select with
+   every decision on the device -- the filtering of one digit fused with the
+   histogram of the next, the bucket chosen by the last block to finish, an
+   early stop, nothing read back; one CUDA graph per call.
 
 ``estimate_threshold`` gathers the keys at ``m`` hashed random positions and
 returns the ``round(k m / n)``-th largest (``block_kth``, one read back); ``randomk`` draws on
@@ -384,10 +388,12 @@ def topk_abs(x, k, *, scratch=None, rng=None, method: str = "auto", reuse: bool 
     """Exact top-k by magnitude: exactly ``k`` distinct indices, any order.
 
     ``method``: ``"auto"`` (:func:`auto_method`: the :data:`AUTO_TABLE` band
-    of ``n`` and ``k / n``), ``"sample"`` or ``"radix"``; all return the
+    of ``n`` and ``k / n``), ``"sample"``, ``"radix"`` or ``"radix2"``
+    (:mod:`.cupy_radix`: about two reads of ``x``, no host round trip;
+    not in :data:`AUTO_TABLE` until measured on a GPU); all return the
     same value set.  ``rng`` (a ``np.random.Generator``, a seed, or ``None``)
     drives the sample and only affects speed.  ``reuse=True``: the sampled
-    path returns its workspace's output (no allocation; overwritten by the
+    and radix2 paths return its workspace's output (no allocation; overwritten by the
     next call of the same ``n`` and ``k``), else a copy.
     """
     cp = _cupy()

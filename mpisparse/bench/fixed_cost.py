@@ -1,8 +1,8 @@
 """The fixed cost of a GPU kernel call, with and without CUDA-graph replay (``python -m mpisparse.bench.fixed_cost``).
 
 On a small input (65,536 float32 elements by default) a call's time is its
-fixed cost: host work, launches, the one read back.  For threshold select
-and the sampled top-k this times ``calls`` back-to-back calls on one device
+fixed cost: host work, launches, the one read back.  For threshold select,
+the sampled top-k and the radix2 top-k (no read back of its own) this times ``calls`` back-to-back calls on one device
 buffer (the result read back each time, as a step needs it) three ways:
 graphs on (:mod:`mpisparse.backend.cupy_graph`: workspace reused, launch
 sequence replayed), graphs off (``MPISPARSE_CUDA_GRAPHS=0``: the same
@@ -51,7 +51,8 @@ def run(n: int = 65_536, density: float = 0.001, calls: int = 200, seed: int = 0
     t = float(np.sort(np.abs(host))[::-1][k - 1])
     x = cp.asarray(host)
     fns = {"threshold_select": lambda **kw: ck.threshold_select(x, t, **kw).size,
-           "topk_abs_sample": lambda **kw: ck.topk_abs(x, k, method="sample", rng=1, **kw)}
+           "topk_abs_sample": lambda **kw: ck.topk_abs(x, k, method="sample", rng=1, **kw),
+           "topk_abs_radix2": lambda **kw: ck.topk_abs(x, k, method="radix2", **kw)}
     out: dict = {"n": n, "k": k, "calls": calls, "target_ms": TARGET_MS, "ms": {}}
     saved = os.environ.get(cupy_graph.ENV)
     try:
@@ -75,8 +76,9 @@ def run(n: int = 65_536, density: float = 0.001, calls: int = 200, seed: int = 0
         x.set(host2)
         got = np.sort(np.abs(host2[cp.asnumpy(ck.topk_abs(x, k, method="sample", rng=1))]))
         want = np.sort(np.abs(host2))[::-1][:k][::-1]
+        got2 = np.sort(np.abs(host2[cp.asnumpy(ck.topk_abs(x, k, method="radix2"))]))
         sel = np.sort(cp.asnumpy(ck.threshold_select(x, t)))
-        ok = ok and np.array_equal(got, want) and np.array_equal(sel, np.flatnonzero(np.abs(host2) >= np.float32(t)))
+        ok = ok and np.array_equal(got, want) and np.array_equal(got2, want) and np.array_equal(sel, np.flatnonzero(np.abs(host2) >= np.float32(t)))
     out["replay_equals_fresh"] = bool(ok)
     out["replays_in_check"] = cupy_graph.STATS["replays"]
     best = {name: min(v.get("graph", np.inf), v.get("graph_reuse", np.inf)) for name, v in out["ms"].items()}

@@ -230,6 +230,11 @@ def issue_table(results: dict[str, Any]) -> list[dict[str, Any]]:
             "the toolkit's step faster", a < b)
     else:
         row("step against plain PyTorch (topk, resnet50, W=2)", "-", "the toolkit's step faster", None)
+    r2 = (sel.get("timings", {}).get("topk_abs_radix2") or {}).get("best_ms") if isinstance(sel, dict) else None
+    r2x = sel.get("ratios", {}).get("torch_topk/topk_abs_radix2") if isinstance(sel, dict) else None
+    row("exact top-k, radix2 (two reads, bucket chosen on the device), 25M float32, d=0.001",
+        f"{r2:.3f} ms = {r2x:.2f}x torch.topk" if r2 is not None and r2x is not None else "-",
+        "<= 0.10 ms (>= 6.5x torch.topk)", None if r2 is None or r2x is None else r2 <= 0.10 and r2x >= 6.5)
     impi = _as_list(results.get("impi-step"))
     if impi:
         copies = [(r.get("staging_copies_per_step") or {}).get("d2h", 0) + (r.get("staging_copies_per_step") or {})

@@ -11,7 +11,8 @@ warm-up call:
   ``x`` at that bandwidth takes ``t / 2`` (``one_read``);
 - ``threshold_select`` (at the exact k-th largest ``|x|``), and
   ``threshold_select_values`` (indices and values in the same pass);
-- ``topk_abs`` (auto), ``topk_abs_sample``, ``topk_abs_radix``;
+- ``topk_abs`` (auto), ``topk_abs_sample``, ``topk_abs_radix``, ``topk_abs_radix2`` (about two reads of
+  ``x``, the bucket chosen on the device, nothing read back);
 - ``torch_topk``: ``torch.topk(x.abs(), k)`` on the same memory (DLPack),
   when torch has CUDA;
 - ``estimate_threshold`` (1 % sample).
@@ -87,6 +88,7 @@ def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: i
         "topk_abs": timed(lambda: ck.topk_abs(x, k, rng=krng), repeats),
         "topk_abs_sample": timed(lambda: ck.topk_abs(x, k, rng=krng, method="sample"), repeats),
         "topk_abs_radix": timed(lambda: ck.topk_abs(x, k, method="radix"), repeats),
+        "topk_abs_radix2": timed(lambda: ck.topk_abs(x, k, method="radix2"), repeats),
         "estimate_threshold": timed(lambda: ck.estimate_threshold(x, k, rng=krng), repeats),
     }
     torch_version = None
@@ -110,13 +112,14 @@ def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: i
         for name, fn in (("threshold_select", lambda: ck.threshold_select(x, kth)),
                          ("topk_abs_sample", lambda: ck.topk_abs(x, k, rng=krng, method="sample")),
                          ("topk_abs_radix", lambda: ck.topk_abs(x, k, method="radix")),
+                         ("topk_abs_radix2", lambda: ck.topk_abs(x, k, method="radix2")),
                          ("estimate_threshold", lambda: ck.estimate_threshold(x, k, rng=krng))):
             b = benchmark(fn, n_repeat=repeats, n_warmup=2)
             split[name] = {"host_ms": float(np.median(b.cpu_times)) * 1e3,
                            "device_ms": float(np.median(b.gpu_times[0])) * 1e3}
 
     auto = ck.auto_method(n, k)
-    methods = {m: timings[name]["best_ms"] for m, name in (("sample", "topk_abs_sample"), ("radix", "topk_abs_radix"))}
+    methods = {m: timings[f"topk_abs_{m}"]["best_ms"] for m in ("sample", "radix", "radix2")}
     fastest = min(methods, key=methods.get)
 
     copy_best = timings["copy"]["best_ms"] / 1e3
@@ -124,12 +127,12 @@ def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: i
     ratios = {"threshold_select/one_read": timings["threshold_select"]["best_ms"] / one_read_ms,
               "topk_abs/one_read": timings["topk_abs"]["best_ms"] / one_read_ms}
     if "torch_topk" in timings:
-        for name in ("topk_abs", "topk_abs_sample", "topk_abs_radix"):
+        for name in ("topk_abs", "topk_abs_sample", "topk_abs_radix", "topk_abs_radix2"):
             ratios[f"torch_topk/{name}"] = timings["torch_topk"]["best_ms"] / timings[name]["best_ms"]
 
     # correctness of what was timed
     checks = {}
-    for method in ("auto", "sample", "radix"):
+    for method in ("auto", "sample", "radix", "radix2"):
         idx = cp.asnumpy(ck.topk_abs(x, k, rng=krng, method=method))
         checks[f"topk_exact_{method}"] = bool(idx.size == k and np.unique(idx).size == k
                                               and np.abs(host[idx]).min() >= kth)
@@ -189,8 +192,8 @@ def format_select_bench_gpu(res: dict) -> str:
             f"{name} host {t['host_ms']:.3f} / device {t['device_ms']:.3f}" for name, t in split.items())]
     lines += ["", "targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in res["targets"].items())]
     c = res["checks"]
-    lines.append(f"checks: topk exact auto/sample/radix {c['topk_exact_auto']}/{c['topk_exact_sample']}/"
-                 f"{c['topk_exact_radix']}, threshold count {c['threshold_select_count']:,} "
+    lines.append(f"checks: topk exact auto/sample/radix/radix2 {c['topk_exact_auto']}/{c['topk_exact_sample']}/"
+                 f"{c['topk_exact_radix']}/{c.get('topk_exact_radix2')}, threshold count {c['threshold_select_count']:,} "
                  f"(expected {c['threshold_select_expected']:,}), estimate {c['estimate_threshold']:.4g} "
                  f"vs k-th {c['kth_abs']:.4g} ({c['estimate_rel_error']:+.1%}), x unmodified {c['x_unmodified']}")
     return "\n".join(lines)

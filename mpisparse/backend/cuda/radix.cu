@@ -175,7 +175,7 @@ __device__ __forceinline__ void radix2_pass(const T* __restrict__ x, i64 n, u64 
         const u64 rest = need - s_above, c = s_count;
         st[S_PREFIX] = (u64)(pfx | ((K)s_bin << sc));
         st[S_SRC] = pass == 0 ? 0ull : st[S_WRITE];  // the next pass reads what this one wrote, if it wrote
-        st[S_SRC_N] = st[S_CAND];
+        st[S_SRC_N] = ((volatile u64*)st)[S_CAND];  // other blocks' atomics: not a cached copy
         st[S_CAND] = 0ull;
         st[S_WRITE] = c <= cap ? 1ull : 0ull;
         st[S_NEED] = rest;
