@@ -78,7 +78,8 @@ def run(n: int = 65_536, density: float = 0.001, calls: int = 200, seed: int = 0
         want = np.sort(np.abs(host2))[::-1][:k][::-1]
         got2 = np.sort(np.abs(host2[cp.asnumpy(ck.topk_abs(x, k, method="radix2"))]))
         sel = np.sort(cp.asnumpy(ck.threshold_select(x, t)))
-        ok = ok and np.array_equal(got, want) and np.array_equal(got2, want) and np.array_equal(sel, np.flatnonzero(np.abs(host2) >= np.float32(t)))
+        ok = (ok and np.array_equal(got, want) and np.array_equal(got2, want)
+              and np.array_equal(sel, np.flatnonzero(np.abs(host2) >= np.float32(t))))
     out["replay_equals_fresh"] = bool(ok)
     out["replays_in_check"] = cupy_graph.STATS["replays"]
     best = {name: min(v.get("graph", np.inf), v.get("graph_reuse", np.inf)) for name, v in out["ms"].items()}
