@@ -193,7 +193,8 @@ def format_select_bench_gpu(res: dict) -> str:
     lines += ["", "targets: " + ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in res["targets"].items())]
     c = res["checks"]
     lines.append(f"checks: topk exact auto/sample/radix/radix2 {c['topk_exact_auto']}/{c['topk_exact_sample']}/"
-                 f"{c['topk_exact_radix']}/{c.get('topk_exact_radix2')}, threshold count {c['threshold_select_count']:,} "
+                 f"{c['topk_exact_radix']}/{c.get('topk_exact_radix2')}, "
+                 f"threshold count {c['threshold_select_count']:,} "
                  f"(expected {c['threshold_select_expected']:,}), estimate {c['estimate_threshold']:.4g} "
                  f"vs k-th {c['kth_abs']:.4g} ({c['estimate_rel_error']:+.1%}), x unmodified {c['x_unmodified']}")
     return "\n".join(lines)
