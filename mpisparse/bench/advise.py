@@ -7,9 +7,13 @@ step of scheme ``s`` on ``W`` ranks (``hosts`` hosts, one link each) takes
 
 * ``compute``: forward, backward and the local optimizer step (measured by a
   short run of the model, or given);
-* ``overhead(s)``: the scheme's own compute, the cost model's ``compensate``,
-  ``select`` and ``update`` phases at the kernel rates (:class:`~mpisparse.bench.costmodel.Rates`),
-  stretched by the ranks' turns on shared cores (:func:`~mpisparse.bench.costmodel.sharing`);
+* ``overhead(s)``: what a step of the scheme adds to the compute besides moving bytes.  Measured
+  (:func:`overheads_from`): the step of one rank alone (``advise-steps -n 1``: the library's gather,
+  checks and write-back, the scheme's compensate and select, a 16-bit wire's casts) minus its compute,
+  as a share of that compute, so that a loaded machine scales both alike; else the cost model's
+  ``compensate``, ``select`` and ``update`` phases at the kernel rates
+  (:class:`~mpisparse.bench.costmodel.Rates`), stretched by the ranks' turns on shared cores
+  (:func:`~mpisparse.bench.costmodel.sharing`), which leave out the library's own cost;
 * ``exchange(s)``: the cost model's exchange term at the link (its byte model, ``wire``: 16-bit values);
   powersgd and oktopk are added here (:func:`peer_phases`);
 * ``hidden(s)``: for a scheme that overlaps with backward (the optimized dense baseline: dense, 16-bit
@@ -60,6 +64,9 @@ class Setting:
     shared_cores: int | None = None
     powersgd_elements: int | None = None  # elements one powersgd step allreduces (None: n / 100, a guess)
     steps: dict[str, float | None] = field(default_factory=dict)  # steps to target per label (None: not reached)
+    #: measured step overhead per label, a share of the compute step (:func:`overheads_from`); empty: the cost
+    #: model's kernel rates
+    overheads: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.compute >= 0:
@@ -120,6 +127,8 @@ def step_time(label: str, s: Setting, link: cm.Link) -> dict[str, float]:
     ph = scheme_phases(label, s, link)
     exchange = ph["exchange"]
     overhead = sum(v for k, v in ph.items() if k != "exchange")
+    if label in s.overheads:
+        overhead = s.overheads[label] * s.compute
     hidden = min(s.hidden_share * exchange, s.window * s.compute) if label == BASELINE else 0.0
     exposed = exchange - hidden
     return {"step": s.compute + overhead + exposed, "compute": s.compute, "overhead": overhead,
@@ -294,3 +303,32 @@ def format_validation(v: dict[str, Any]) -> str:
     return (format_rows(v["rows"], cols, title="validation against the measured steps") +
             f"\npredicted winner {v['predicted_winner']}, measured winner {v['measured_winner']}"
             f" ({'agree' if v['winner_agrees'] else 'DIFFER'}); largest error {100 * v['max_abs_error']:.0f}%")
+
+
+def delivered_bandwidth(path: str) -> float:
+    """Bytes per second a link really carried: a ``bench exchange --json`` file's dense row (the ring Allreduce
+    sends ``bytes_sent_per_rank`` each way over each host's link in ``exchange_seconds``; the cost model's
+    ``2 (W-1)/W m b`` is that divided by the bandwidth).  On the emulated cluster a fast link's nominal
+    rate is not what it carries (every host shares this machine's cores)."""
+    data = json.loads(Path(path).read_text())
+    rows = [r for r in (data if isinstance(data, list) else [data])
+            if isinstance(r, dict) and r.get("scheme") == "dense" and r.get("exchange_seconds")
+            and r.get("bytes_sent_per_rank")]
+    if not rows:
+        raise ValueError(f"{path}: no dense row with exchange_seconds and bytes_sent_per_rank (bench exchange "
+                         "--scheme dense --densities 1 --json)")
+    return max(float(r["bytes_sent_per_rank"]) / float(r["exchange_seconds"]) for r in rows)
+
+
+def overheads_from(path: str) -> dict[str, float]:
+    """Each scheme's step overhead as a share of the compute step, from an ``advise-steps -n 1 --json`` file:
+    ``(step - compute) / compute`` of one rank alone (no link in the way; negative shares, noise, are 0)."""
+    data = json.loads(Path(path).read_text())
+    if int(data.get("world_size", 0)) != 1:
+        raise ValueError(f"{path}: the overheads come from one rank alone (advise-steps -n 1); "
+                         f"this run had W = {data.get('world_size')}")
+    compute = float(data["compute_seconds"])
+    if not compute > 0:
+        raise ValueError(f"{path}: compute step {compute} s; it must be > 0")
+    return {r["scheme"]: max(0.0, (float(r["step_seconds"]) - compute) / compute)
+            for r in data["rows"] if r["scheme"] in ADVISE_SCHEMES}

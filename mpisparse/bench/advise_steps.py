@@ -39,9 +39,13 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
               ) -> dict[str, Any]:
     """The slowest rank's median step of each way; ``hidden_share``: ``(dense-16 - dense-opt) /
     (dense-16 - compute)``."""
+    import os
+
     import torch
 
     from .overlap import _bytes, _way
+
+    load_before = os.getloadavg()
 
     ways = {}
     for label, scheme, opts, overlap in plan_ways(schemes, dense_wire):
@@ -78,6 +82,7 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
     hidden = (by["dense-16"] - by[BASELINE]) / exchange if exchange > 0 else 0.0
     return {"command": "advise steps", "model": model, "density": density, "batch": batch, "iters": iters,
             "warmup": warmup, "world_size": comm.size, "dense_wire": dense_wire, "seed": seed,
+            "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "compute_seconds": by["compute"], "hidden_share": min(1.0, max(0.0, hidden)), "rows": rows}
 
 

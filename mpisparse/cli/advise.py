@@ -25,7 +25,8 @@ def _rate(ctx, param, value):
 
 
 @click.command("advise")
-@click.option("--model", type=click.Choice(model_names()), default="resnet18", show_default=True,
+@click.option("--model", type=click.Choice(sorted(set(model_names()) | {"mlp", "cnn"})), default="resnet18",
+              show_default=True,
               help="The gradient's size and layers (powersgd's factors) are this model's.")
 @click.option("--compute-seconds", type=click.FloatRange(min=0), default=None,
               help="A step's forward + backward + local optimizer step, seconds (per rank, as the ranks run). "
@@ -34,12 +35,17 @@ def _rate(ctx, param, value):
               help="Samples per rank of the short run that measures the compute (no --compute-seconds).")
 @click.option("--hidden-share", type=click.FloatRange(0, 1), default=0.35, show_default=True,
               help="Share of the exchange overlap hides (bench overlap's 'exchange hidden', or advise-steps').")
+@click.option("--hidden-from", "hidden_json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Take --hidden-share from this `advise-steps --json` (dense-16 against dense-opt).")
 @click.option("--window", type=click.FloatRange(0, 1), default=2 / 3, show_default=True,
               help="Overlap hides at most this share of the compute (backward's).")
 @click.option("-W", "--world", type=click.IntRange(min=1), default=2, show_default=True, help="Ranks.")
 @click.option("--hosts", type=click.IntRange(min=1), default=None, help="Hosts, one link each [W].")
 @click.option("--rate", default="1gbit", show_default=True, callback=_rate,
               help="Each host's link, each way, tc syntax (30mbit, 1gbit) or bytes per second.")
+@click.option("--link-from", "link_json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The link's bandwidth is what dense's exchange really carried in this `bench exchange --json` "
+                   "(--scheme dense --densities 1) file, not --rate.")
 @click.option("--latency-us", type=click.FloatRange(min=0), default=50.0, show_default=True,
               help="Latency of one message over the link, microseconds.")
 @click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True,
@@ -54,24 +60,32 @@ def _rate(ctx, param, value):
 @click.option("--measure-rates", is_flag=True,
               help="Time the kernels here (the cost model's rates; tens of seconds) instead of this machine's "
                    "rates in docs/results/cost-model.md.")
+@click.option("--overhead-from", "overhead_json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Each scheme's step overhead (library and scheme compute), measured by `advise-steps -n 1 "
+                   "--json` as a share of the compute step, instead of the cost model's kernel rates.")
 @click.option("--tta", "tta_json", type=click.Path(exists=True, dir_okay=False), default=None,
               help="`bench tta --json`: each scheme's steps to target (without it: equal steps assumed).")
 @click.option("--measured", "measured_json", type=click.Path(exists=True, dir_okay=False), default=None,
               help="`advise-steps --json`: compare the predicted steps and winner with these measured ones.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="The advice (and validation) as JSON.")
-def advise(model, compute_seconds, batch, hidden_share, window, world, hosts, rate, latency_us, density,
-           dense_wire, sparse_wire, shared_cores, measure_rates, tta_json, measured_json, json_path) -> None:
+def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, world, hosts, rate, link_json, latency_us, density,
+           dense_wire, sparse_wire, shared_cores, measure_rates, overhead_json, tta_json, measured_json, json_path) -> None:
     """Predict every scheme's step and time to target on this network, the winner, and the crossover link
     bandwidth above which optimized dense (16-bit wire, overlapped) wins."""
     import json
 
     from ..bench import advise as adv
     from ..bench import costmodel as cm
-    from ..bench.model import model_size
-
+    from ..schemes.powersgd import powersgd_elements
+    
     hosts = hosts or world
+    if hidden_json:
+        hidden_share = float(json.loads(open(hidden_json).read())["hidden_share"])
+    if link_json:
+        rate = usage(adv.delivered_bandwidth, link_json)
     steps = usage(adv.load_tta, tta_json) if tta_json else {}
+    overheads = usage(adv.overheads_from, overhead_json) if overhead_json else {}
     measured = json.loads(open(measured_json).read()) if measured_json else None
     compute_from = "given"
     if compute_seconds is None and measured is not None:
@@ -79,15 +93,17 @@ def advise(model, compute_seconds, batch, hidden_share, window, world, hosts, ra
     if compute_seconds is None:
         compute_seconds, compute_from = measure_compute(model, batch), f"measured here (batch {batch})"
     rates = adv.DEFAULT_RATES
+    layout = _layout(model)
     if measure_rates:
-        n = model_size(model)
+        n = layout.n
         rates = cm.measure_rates(n=n, repeats=3, processes=cm.sharing(world, shared_cores)[0])
-    setting = usage(adv.Setting, n=model_size(model), compute=compute_seconds, world=world, hosts=hosts,
+    setting = usage(adv.Setting, n=layout.n, compute=compute_seconds, world=world, hosts=hosts,
                     density=density, hidden_share=hidden_share, window=window, dense_wire=dense_wire,
                     sparse_wire=sparse_wire, latency=latency_us * 1e-6, rates=rates, shared_cores=shared_cores,
-                    powersgd_elements=_powersgd_elements(model), steps=steps)
+                    powersgd_elements=powersgd_elements(layout), steps=steps, overheads=overheads)
     res = adv.advise(setting, cm.Link(latency=latency_us * 1e-6, bandwidth=rate))
-    res.update(model=model, compute_from=compute_from)
+    res.update(model=model, compute_from=compute_from, hidden_from=hidden_json or "--hidden-share",
+               overhead_from=overhead_json or "the cost model's kernel rates", link_from=link_json or "--rate")
     click.echo(adv.format_advice(res))
     if measured is not None:
         res["validation"] = adv.validate(res, measured)
@@ -99,12 +115,18 @@ def advise(model, compute_seconds, batch, hidden_share, window, world, hosts, ra
         write_json(json_path, {**res, "provenance": local_provenance()})
 
 
-def _powersgd_elements(model: str) -> int | None:
+def _layout(model: str):
+    """The fusion layout of ``model``'s gradient: its layer shapes, or the CIFAR-shaped net's parameters."""
     from ..backend.fusion import FusionLayout
     from ..models.shapes import layer_shapes
-    from ..schemes.powersgd import powersgd_elements
 
-    return powersgd_elements(FusionLayout(layer_shapes(model)))
+    if model in model_names():
+        return FusionLayout(layer_shapes(model))
+    from ..bench.overlap import INPUT_SHAPE
+    from ..models.nets import build_model
+
+    net = build_model(model, input_shape=INPUT_SHAPE, num_classes=10)
+    return FusionLayout([(name, tuple(p.shape)) for name, p in net.named_parameters()])
 
 
 def measure_compute(model: str, batch: int, steps: int = 3) -> float:

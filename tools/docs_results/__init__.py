@@ -43,6 +43,8 @@ from typing import Sequence
 
 # the family modules declare their tables as they are imported
 from . import bench_tables, cluster_tables, reproduce_tables, train_tables  # noqa: F401
+from . import advisor_table  # noqa: F401
+from . import tta_table  # noqa: F401
 from .bench_tables import STEP_OUTPUTS
 from .cli_reference import generate_cli, subcommands
 from .cluster_tables import _cost_model_render  # noqa: F401  (tests/test_costmodel.py)
@@ -63,7 +65,7 @@ __all__ = ["Run", "Table", "TABLES", "table_names", "generate", "generate_cli", 
 #: order their modules declare them
 ORDER = ("select-kernels", "deft-select", "train-digits", "step-memory", "fused-step", "cost-model",
          "gradient-sources", "exchange", "scaling", "ps-train", "ps-step", "mp-train", "emucluster", "hierarchical",
-         "overlap")
+         "overlap", "advisor")
 for _name in [*ORDER, *(n for n in list(TABLES) if n not in ORDER)]:
     TABLES[_name] = TABLES.pop(_name)
 
