@@ -137,3 +137,27 @@ def test_bad_input_is_one_line_and_exit_2(args, message):
     r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "1", *args])
     assert r.exit_code == 2 and message in r.output, r.output
     assert len([ln for ln in r.output.splitlines() if ln.startswith("Error")]) == 1
+
+
+def test_measured_overheads_replace_the_kernel_rates(tmp_path):
+    p = tmp_path / "w1.json"
+    p.write_text(json.dumps({"world_size": 1, "compute_seconds": 2.0, "rows": [
+        {"scheme": "compute", "step_seconds": 2.0}, {"scheme": "dense-opt", "step_seconds": 2.2},
+        {"scheme": "topk", "step_seconds": 2.5}, {"scheme": "deft", "step_seconds": 1.9}]}))
+    over = adv.overheads_from(str(p))
+    assert over == pytest.approx({"dense-opt": 0.1, "topk": 0.25, "deft": 0.0})
+    s = setting(compute=4.0, overheads=over)
+    assert adv.step_time("topk", s, link(1e9))["overhead"] == pytest.approx(1.0)  # a share of this compute
+    assert adv.step_time("cltk", s, link(1e9))["overhead"] < 0.1  # not measured: the kernel rates
+    p.write_text(json.dumps({"world_size": 2, "compute_seconds": 2.0, "rows": []}))
+    with pytest.raises(ValueError, match="one rank alone"):
+        adv.overheads_from(str(p))
+
+
+def test_delivered_bandwidth_is_what_dense_exchange_carried(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text(json.dumps([{"scheme": "dense", "exchange_seconds": 0.2, "bytes_sent_per_rank": 4.0e7}]))
+    assert adv.delivered_bandwidth(str(p)) == pytest.approx(2.0e8)
+    p.write_text(json.dumps([{"scheme": "topk", "exchange_seconds": 0.2, "bytes_sent_per_rank": 1.0}]))
+    with pytest.raises(ValueError, match="no dense row"):
+        adv.delivered_bandwidth(str(p))
