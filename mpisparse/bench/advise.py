@@ -247,12 +247,13 @@ def format_advice(res: dict[str, Any]) -> str:
     from ..results.tables import Column, format_rows
 
     ms = lambda v: f"{1e3 * v:,.1f}"  # noqa: E731
+    base = next((r["time_to_target"] for r in res["rows"] if r["scheme"] == BASELINE), None) or 1.0
     cols = [Column("scheme", "scheme", "{}", "<"), Column("step_seconds", "step ms", ms),
             Column("compute_seconds", "compute ms", ms), Column("overhead_seconds", "scheme compute ms", ms),
             Column("exchange_seconds", "exchange ms", ms), Column("hidden_seconds", "hidden ms", ms),
             Column("steps_to_target", "steps to target", lambda v: "not reached" if v is None else f"{v:g}"),
             Column("time_to_target", "time to target", lambda v: "-" if v is None else
-                   (f"{v:,.2f} s" if res["steps_assumed"] is False else f"{v:,.3f} x steps"))]
+                   (f"{v:,.2f} s" if res["steps_assumed"] is False else f"{v / base:.3f}x {BASELINE}'s"))]
     s = res["setting"]
     title = (f"advise: n={s['n']:,}, W={s['world']} on {s['hosts']} hosts, link {_gbit(res['bandwidth'])}, "
              f"compute {1e3 * s['compute']:.1f} ms, density {s['density']}, overlap hides "
