@@ -339,6 +339,8 @@ CLI_ONLY_OPTIONS: dict[str, str] = {
     "csv_path": "output only: rank 0 writes the per-step log",
     "plot_path": "output only: rank 0 draws the plot",
     "overwrite_checkpoint": "start-up only: checked before MPI starts, on every rank",
+    "max_restarts": "launch only: the -n launching process restarts the job; ranks do not read it",
+    "min_ranks": "launch only: the -n launching process picks a restart's ranks; ranks do not read it",
     "progress_interval": "output only: how often rank 0 prints a status line off a terminal",
     "no_progress": "output only: rank 0 prints no progress",
     "launcher": "start-up only: it picks the transport (MPI or torch.distributed) before there is one to compare "

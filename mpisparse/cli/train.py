@@ -21,6 +21,7 @@ from ..train.core import NoProgress
 from . import output, session
 from .options import (progress_options, trace_option, SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
                       pick_scheme_options, scheme_options, step_options, usage, validated, writable_dir)
+from .restarts import check_restart_options, run_with_restarts
 from .session import maybe_relaunch, open_comm, open_torch_dist
 
 __all__ = ["train"]
@@ -67,6 +68,12 @@ def _split_after(text: str | None) -> list[str]:
 @click.option("--checkpoint", "checkpoint_dir", type=click.Path(file_okay=False), default=None,
               callback=writable_dir, help="Write a checkpoint here after every epoch (and on SIGUSR1).")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint in --checkpoint.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With -n W and --checkpoint: when a rank dies, end the job and start it again from the last "
+                   "checkpoint, at most this many times (torchrun's word).")
+@click.option("--min-ranks", type=click.IntRange(min=1), default=None,
+              help="With --max-restarts: a restart may run on fewer ranks (not below this) when fewer started "
+                   "(a host gone); the residuals are redistributed.")
 @click.option("--overwrite-checkpoint", is_flag=True,
               help="Start afresh even if --checkpoint already holds a checkpoint (it is replaced).")
 @click.option("--overlap", is_flag=True,
@@ -94,7 +101,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
           weight_decay, bptt, clip, seed, device, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
           checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
           cuda_aware=None, hierarchical=False, trace=None, progress_interval=10.0, no_progress=False,
-          launcher="auto", overlap=False, **scheme_opts) -> None:
+          launcher="auto", overlap=False, max_restarts=0, min_ranks=None, **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
     With --mp-stages S the model is split into S pipeline stages; --scheme
@@ -129,9 +136,12 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
     usage(check_device_usable, device, need_torch=True)
     if not (resume or overwrite_checkpoint):
         _refuse_existing_checkpoints(cfgs)
+    usage_restarts(max_restarts, min_ranks, nprocs, checkpoint_dir, launcher)
     if _torchrun(launcher, nprocs, cfgs):
         comm = open_torch_dist(device, cfgs)
     else:
+        if max_restarts and not under_mpi_launcher():
+            run_with_restarts(nprocs, timeout, max_restarts, min_ranks, [c.checkpoint for c in cfgs], json_path)
         maybe_relaunch(nprocs, timeout)
         comm = open_comm(nprocs, check=cfgs[0].check_collectives, cuda_aware=cfgs[0].cuda_aware, configs=cfgs,
                          hierarchical=cfgs[0].hierarchical, gpu=cfgs[0].device == "cuda")
@@ -166,6 +176,15 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
         session.END_WITHOUT_TEARDOWN = not stopped
     if stopped:  # the finished schemes' results are written; the job still fails, naming the one that stopped
         raise NoProgress(" | ".join(stopped))
+
+
+def usage_restarts(max_restarts: int, min_ranks: int | None, nprocs: int | None, checkpoint: str | None,
+                   launcher: str) -> None:
+    """``--max-restarts``/``--min-ranks`` that cannot work: one line before anything starts."""
+    if max_restarts and launcher == "torchrun":
+        raise click.UsageError("--max-restarts with --launcher torchrun: torchrun restarts itself (--max-restarts "
+                               "of torchrun); drop it here")
+    check_restart_options(max_restarts, min_ranks, nprocs, checkpoint)
 
 
 def _torchrun(launcher: str, nprocs: int | None, cfgs) -> bool:

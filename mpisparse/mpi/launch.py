@@ -185,8 +185,9 @@ class LaunchError(RuntimeError):
     """The launcher could not be started, or it started no rank."""
 
 
-def relaunch(n: int, args: Sequence[str], *, timeout: int | None = None) -> int:
-    """Run ``mpisparse ARGS`` under ``mpiexec -n n``; returns its exit code.
+def relaunch(n: int, args: Sequence[str], *, timeout: int | None = None, started: dict | None = None) -> int:
+    """Run ``mpisparse ARGS`` under ``mpiexec -n n``; returns its exit code (``started["ranks"]``: how many
+    ranks said they started, :func:`report_started`).
 
     Signals to this process are passed on to the job (see
     :mod:`mpisparse.mpi.signals`).  A launch that exits 0 although no rank of
@@ -207,18 +208,20 @@ def relaunch(n: int, args: Sequence[str], *, timeout: int | None = None) -> int:
         as_root=hasattr(os, "geteuid") and os.geteuid() == 0, timeout=timeout,
         remote_shell=has_remote_shell(),
     )
-    started = tempfile.mkdtemp(prefix="mpisparse-launch-")
+    started_dir = tempfile.mkdtemp(prefix="mpisparse-launch-")
     # a value the user set for the agent wins
     env = dict(os.environ, **{k: v for k, v in plan.env.items() if k not in os.environ}, MPISPARSE_SPAWNED="1")
-    env[LAUNCH_DIR] = started
+    env[LAUNCH_DIR] = started_dir
     try:
         code = run_launcher(plan.argv, env)
-        reported = len(os.listdir(started))
+        reported = len(os.listdir(started_dir))
     except OSError as e:
         raise LaunchError(f"cannot start {mpiexec}: {e.strerror or e}; set MPISPARSE_MPIEXEC to a working "
                           "mpiexec") from None
     finally:
-        shutil.rmtree(started, ignore_errors=True)
+        shutil.rmtree(started_dir, ignore_errors=True)
+    if started is not None:
+        started["ranks"] = reported
     if code == 0 and reported == 0:
         raise LaunchError(
             f"{mpiexec} -n {n} exited 0 but started no rank of this job; MPISPARSE_MPIEXEC or PATH must name the "

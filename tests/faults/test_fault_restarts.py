@@ -1,0 +1,122 @@
+"""A parameter-server job killed mid-run, resumed by hand and by ``--max-restarts``; the restart options' errors.
+
+The runs are ``slimdp`` on 3 ranks (2 workers, 1 server: synchronous, so a resumed run must end exactly
+where an uninterrupted one does).  The rank killed twice is found from the test side (its environment
+holds the job's mark and ``PMI_RANK=1``) and sent SIGKILL once a new checkpoint exists: no test hook in
+mpisparse.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+from faults.jobproc import Job, job_pids
+
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="scans /proc"),
+              pytest.mark.timeout(300)]
+
+PS = ["train", "-n", "3", "--servers", "1", "--scheme", "slimdp", "--density", "0.2", "--model", "mlp",
+      "--data", "digits", "--lr", "0.05", "--batch-size", "64", "--seed", "2", "--epochs", "4"]
+
+
+def _run(args, tmp_path, name):
+    job = Job([*args, "--json", f"{name}.json"], tmp_path)
+    code = job.wait(240)
+    assert code == 0, job.text()
+    return job, json.loads((tmp_path / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run."""
+    return _run(PS, tmp_path_factory.mktemp("ref"), "full")[1]
+
+
+def _latest(ck):
+    try:
+        return (ck / "LATEST").read_text()
+    except OSError:
+        return None
+
+
+def _rank_pid(job_id: str, rank: int) -> int | None:
+    for pid in job_pids(job_id):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read() + b"\0"
+        except OSError:
+            continue
+        if f"\0PMI_RANK={rank}\0".encode() in b"\0" + env:
+            return pid
+    return None
+
+
+def _same(run, ref):
+    assert [(e["epoch"], e["iteration"], e["train_loss"], e["test_loss"]) for e in run["metrics"]["per_epoch"]] == \
+        [(e["epoch"], e["iteration"], e["train_loss"], e["test_loss"]) for e in ref["metrics"]["per_epoch"]]
+
+
+def test_ps_job_killed_mid_run_resumes_and_ends_like_uninterrupted(tmp_path, reference):
+    job = Job([*PS, "--checkpoint", "ck"], tmp_path)
+    try:
+        job.wait_for(lambda: _latest(tmp_path / "ck") is not None)
+        os.killpg(job.proc.pid, signal.SIGKILL)
+        job.proc.wait(30)
+    finally:
+        job.cleanup()
+    saved = _latest(tmp_path / "ck")
+    _, resumed = _run([*PS, "--checkpoint", "ck", "--resume"], tmp_path, "resumed")
+    _same(resumed, reference)
+    assert saved is not None
+
+
+def test_max_restarts_2_with_rank_1_killed_twice_completes_like_uninterrupted(tmp_path, reference):
+    job = Job([*PS, "--checkpoint", "ck", "--max-restarts", "2", "--json", "r.json"], tmp_path)
+    try:
+        seen = None
+        for _ in range(2):  # each launch: once it wrote a checkpoint of its own, SIGKILL rank 1
+            job.wait_for(lambda: _latest(tmp_path / "ck") not in (None, seen) and _rank_pid(job.id, 1))
+            seen = _latest(tmp_path / "ck")
+            os.kill(_rank_pid(job.id, 1), signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while _rank_pid(job.id, 1) is not None and time.monotonic() < deadline:  # the old job is gone
+                time.sleep(0.05)
+        code = job.wait(240)
+        assert code == 0, job.text()
+    finally:
+        job.cleanup()
+    err = job.err.read_text()
+    assert "restart 1/2 from the last checkpoint" in err and "restart 2/2" in err, job.text()
+    assert "completed after 2 restarts" in err, job.text()
+    run = json.loads((tmp_path / "r.json").read_text())
+    assert run["restarts"] == 2
+    _same(run, reference)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-restarts", "1"], "--max-restarts needs --checkpoint DIR"),
+    (["--min-ranks", "1"], "--min-ranks applies to restarts: add --max-restarts N"),
+    (["--max-restarts", "1", "--checkpoint", "{tmp}/ck", "--min-ranks", "4"], "--min-ranks is 4; allowed range is"),
+])
+def test_restart_options_that_cannot_work_are_one_line(args, message, tmp_path):
+    from mpisparse.cli import cli
+
+    res = CliRunner().invoke(cli, ["train", "-n", "3", *[a.replace("{tmp}", str(tmp_path)) for a in args]])
+    assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output, res.output
+
+
+def test_next_world_size_and_restart_command_line(tmp_path):
+    from mpisparse.cli.restarts import next_world_size, restart_argv
+
+    assert next_world_size(4, 4, None) == 4 and next_world_size(4, 3, None) == 4
+    assert next_world_size(4, 3, 2) == 3 and next_world_size(4, 1, 2) is None
+    argv = ["train", "-n", "4", "--checkpoint", str(tmp_path), "--overwrite-checkpoint"]
+    assert restart_argv(argv, [str(tmp_path)]) == argv  # nothing to resume yet: a fresh start
+    (tmp_path / "LATEST").write_text("step-000000010")
+    assert restart_argv(argv, [str(tmp_path)]) == argv[:-1] + ["--resume"]
