@@ -135,3 +135,41 @@ def test_overlap_equals_the_plain_step_on_cuda():
     if not torch.cuda.is_available():
         pytest.fail("CuPy sees a GPU but torch has no CUDA (a CPU build of torch?)")
     rank_script("torch_overlap", 2, "--cuda", label="torch_overlap (cuda)", timeout=150)
+
+
+def test_update_is_the_fusion_buffer_seen_as_grad():
+    """The write-back makes each ``.grad`` a view of the fusion buffer (no copy); both zero_grad modes then
+    step exactly as the local optimizer does (W=1: the update is the gradient)."""
+    model, opt, dist = _setup()
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(4, 2)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    for set_to_none in (True, False, False, True):
+        dist.zero_grad(set_to_none=set_to_none)
+        ref_opt.zero_grad(set_to_none=set_to_none)
+        _backward(model)
+        _backward(ref)
+        assert dist.step()
+        ref_opt.step()
+        for p, v in zip(dist.params, dist._grad_views):
+            assert p.grad.data_ptr() == v.data_ptr()
+        for a, b in zip(model.parameters(), ref.parameters()):
+            assert torch.equal(a, b)
+
+
+def test_overlap_by_default_where_the_scheme_allows(capsys):
+    from mpisparse.torch.overlap import default_overlap
+
+    class TwoRanks(SelfComm):  # no MPI communicator to duplicate
+        size = 2
+
+    assert not default_overlap(SelfComm(), "cltk", {})  # one rank: nothing to overlap, nothing said
+    assert capsys.readouterr().err == ""
+    for _ in range(2):
+        assert not default_overlap(TwoRanks(), "cltk", {})
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "scheme 'cltk' cannot run bucket by bucket" in err  # once, one line
+    assert not default_overlap(TwoRanks(), "dense", {})
+    assert "no MPI communicator to duplicate" in capsys.readouterr().err
+    model, opt, dist = _setup()
+    assert dist.overlap is None  # overlap=None on one rank: the plain step

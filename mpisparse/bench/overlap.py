@@ -18,6 +18,17 @@ falls on all three alike). A step is timed from a barrier to the end of
 reported. ``hidden`` is the share
 of the exchange's cost that overlapping removed:
 ``(plain - overlap) / (plain - compute)``.
+
+The library's own cost is measured in the same run (``library_*`` fields):
+the ``plain`` way's ``step()`` split into the scheme's own ``Scheme.step``
+(compensate, select, exchange), the 4-byte agreements on skipping (mostly
+a wait for the slowest rank) and the rest -- what
+:class:`~mpisparse.torch.DistributedOptimizer` adds: the gather into the
+fusion buffer, the finite checks, the write-back into ``.grad``, the
+parameter check -- and the wrapped optimizer's step; beside it, the
+``compute`` way's local optimizer step and one copy of a gradient-sized
+float32 vector (NumPy, into a vector allocated once), both timed in the
+same loop. ``library_copies`` is ``(library - local step) / copy``.
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ from __future__ import annotations
 import statistics
 import time
 from typing import Any
+
+import numpy as np
 
 #: nets of :mod:`mpisparse.models.nets` that take CIFAR-shaped images
 OVERLAP_MODELS = ("mlp", "cnn", "resnet18")
@@ -63,6 +76,11 @@ def time_ways(comm, model: str, *, scheme: str, density: float, options: dict[st
             for name, s in (("compute", None), ("plain", scheme), ("overlap", scheme))}
     times: dict[str, list[float]] = {name: [] for name in ways}
     sent = {name: 0 for name in ways}
+    plain = ways["plain"][3]
+    scheme_sw, wait_sw = _Stopwatch(plain.scheme, "step"), _Stopwatch(plain, "_all_finite")
+    src = np.ones(plain.layout.n, dtype=np.float32)
+    dst = np.zeros_like(src)
+    lib: dict[str, list[float]] = {k: [] for k in ("opt_step", "scheme", "wait", "local_step", "copy")}
     for it in range(warmup + iters):
         for name, (net, x, y, opt) in ways.items():
             comm.barrier()
@@ -70,16 +88,48 @@ def time_ways(comm, model: str, *, scheme: str, density: float, options: dict[st
             t0 = time.perf_counter()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x), y).backward()
+            scheme_sw.seconds = wait_sw.seconds = 0.0
+            t1 = time.perf_counter()
             opt.step()
+            t2 = time.perf_counter()
+            if name == "compute":
+                np.copyto(dst, src)  # one gradient copy, in the same loop
+                t3 = time.perf_counter()
             if it >= warmup:
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(t2 - t0)
                 sent[name] += _bytes(opt) - b0
+                if name == "plain":
+                    lib["opt_step"].append(t2 - t1)
+                    lib["scheme"].append(scheme_sw.seconds)
+                    lib["wait"].append(wait_sw.seconds)
+                elif name == "compute":
+                    lib["local_step"].append(t2 - t1)
+                    lib["copy"].append(t3 - t2)
     over = ways["overlap"][3].overlap
     facts = {name: statistics.median(t) for name, t in times.items()}
+    own = [s - a - w for s, a, w in zip(lib["opt_step"], lib["scheme"], lib["wait"])]
+    facts.update({f"library_{k}": statistics.median(v) for k, v in lib.items()}, library=statistics.median(own))
     facts.update({f"{name}_bytes": sent[name] / iters for name in ("plain", "overlap")})
     facts.update(buckets=len(over.buckets), started_in_backward=over.started_in_backward)
     over.close()
     return facts
+
+
+class _Stopwatch:
+    """Wraps ``obj.name`` (a method) on the instance, summing the seconds its calls take in ``seconds``."""
+
+    def __init__(self, obj, name: str):
+        self.seconds = 0.0
+        inner = getattr(obj, name)
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        setattr(obj, name, timed)
 
 
 def _bytes(opt) -> int:
@@ -107,12 +157,41 @@ def run_overlap(comm, *, model: str, schemes: list[tuple[str, dict[str, Any]]], 
                      "overlap_ms": over * 1e3, "speedup": plain / over if over > 0 else None,
                      "hidden": (plain - over) / exchange if exchange > 0 else None,
                      "buckets": facts["buckets"],
+                     **_library_row(everyone),
                      "started_in_backward_per_step": facts["started_in_backward"] / (warmup + iters)})
         if progress is not None:
             progress(name)
     return {"command": "bench overlap", "model": model, "density": density, "batch": batch, "iters": iters,
             "warmup": warmup, "bucket_cap_mb": bucket_cap_mb, "world_size": comm.size, "seed": seed,
             "rows": rows}
+
+
+def _library_row(everyone: list[dict[str, Any]]) -> dict[str, Any]:
+    """The library's cost beside a local optimizer step and one gradient copy (ms; the slowest rank's medians)."""
+    row = {f"library_{k}_ms": 1e3 * max(f[f"library_{k}"] for f in everyone)
+           for k in ("opt_step", "scheme", "wait", "local_step", "copy")}
+    row["library_ms"] = 1e3 * max(f["library"] for f in everyone)
+    copy = row["library_copy_ms"]
+    row["library_copies"] = (row["library_ms"] - row["library_local_step_ms"]) / copy if copy > 0 else None
+    return row
+
+
+def format_library(res: dict[str, Any]) -> str:
+    """The library's cost table: ``step()`` of the plain way split, beside a local step and one copy (ms)."""
+    from ..results.tables import Column, format_rows
+
+    rows = [r for r in res["rows"] if "library_ms" in r]
+    cols = [Column("scheme", "scheme", "{}", "<"), Column("library_opt_step_ms", "step() (ms)", "{:.1f}"),
+            Column("library_scheme_ms", "scheme's own (ms)", "{:.1f}"),
+            Column("library_wait_ms", "agreement wait (ms)", "{:.1f}"),
+            Column("library_ms", "library + optimizer (ms)", "{:.1f}"),
+            Column("library_local_step_ms", "local optimizer step (ms)", "{:.1f}"),
+            Column("library_copy_ms", "one gradient copy (ms)", "{:.1f}"),
+            Column("library_copies", "library in copies", "{:.1f}")]
+    title = ("library cost (exchange after backward): step() less the scheme's own step and the skip agreement, "
+             "beside a local optimizer step and one gradient copy; 'library in copies' = (library + optimizer "
+             "- local step) / copy")
+    return format_rows(rows, cols, title=title)
 
 
 def format_overlap(res: dict[str, Any]) -> str:
@@ -130,4 +209,5 @@ def format_overlap(res: dict[str, Any]) -> str:
             Column("bytes_plain", "bytes/rank/step", "{:,.0f}")]
     title = (f"bench overlap: {res['model']}, batch {res['batch']}, W={res['world_size']}, density "
              f"{res['density']}, bucket cap {res['bucket_cap_mb']} MB, median of {res['iters']} steps (slowest rank)")
-    return format_rows(rows, cols, title=title)
+    text = format_rows(rows, cols, title=title)
+    return text + "\n\n" + format_library(res) if any("library_ms" in r for r in res["rows"]) else text

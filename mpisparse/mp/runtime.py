@@ -139,7 +139,8 @@ class MPTrainer(TrainStep):
         self.dopt = None
         if self.layout.replicas > 1 or mp.dp_scheme != "dense":
             self.dopt = DistributedOptimizer(self.sgd, self.module, mp.dp_scheme, self.dp_density, comm=self.group,
-                                             timer=self.timer, memory=cfg.memory, seed=cfg.seed, **dp_opts)
+                                             timer=self.timer, memory=cfg.memory, seed=cfg.seed, overlap=False,
+                                             **dp_opts)  # the plain step, as before overlap became the default
         self.skipped_steps = 0
         self.steps = 0
         self._dp_selected: list[float] = []

@@ -61,6 +61,7 @@ from ..backend.fusion import FusionLayout
 from ..backend.pages import settle
 from ..schemes import create
 from ..results.timing import PhaseTimer
+from .overlap import _gather, _is_view
 
 
 from .api import (Average, Compression, Max, Min, Sum, allgather, allgather_object, allreduce,  # noqa: E402
@@ -140,10 +141,13 @@ class _DistributedMixin:
         self._passes = 0
         #: the bucket-wise exchange started from gradient hooks (None without overlap)
         self.overlap = None
+        if overlap is None:  # the default: overlap where the scheme (and the communicator) allow
+            from .overlap import default_overlap
+
+            overlap = default_overlap(self.comm, scheme, scheme_options)
         if overlap:
             from .overlap import BucketExchange
 
-            self._agg = torch.zeros_like(self._flat)
             self.overlap = BucketExchange(self, scheme, density, memory=memory, seed=seed,
                                           scheme_options=scheme_options, bucket_cap_mb=bucket_cap_mb)
         # every scheme's compiled loops loaded now (the buckets' too), LLVM's code pages unmapped after
@@ -167,14 +171,28 @@ class _DistributedMixin:
 
     # -------------------------------------------------------------- step
     def _write_back(self, out) -> None:
-        """The scheme's output into ``.grad``: a zero-copy torch view of it, copied on the device."""
+        """The scheme's output as ``.grad``, without a copy when it is the fusion buffer (always, but for a
+        scheme that writes elsewhere): each float32 parameter's ``.grad`` becomes its view of the buffer, as
+        DDP's ``gradient_as_bucket_view`` (the next backward writes a new tensor after ``zero_grad()``, or
+        accumulates into the view after ``zero_grad(set_to_none=False)``, which the gather then need not
+        copy). Op Sum and a predivide factor scale the buffer in place first (one pass, only then)."""
         flat = backend.to_torch(out)
-        if self.op == "sum":
-            flat = flat * self.comm.size
-        for p, s in zip(self.params, self.layout.layers):
+        scale = (self.comm.size if self.op == "sum" else 1) * self.gradient_predivide_factor
+        ours = flat.data_ptr() == self._flat.data_ptr() and flat.numel() == self._flat.numel()
+        if ours and scale != 1.0:
+            self._flat.mul_(scale)
+        for p, s, view in zip(self.params, self.layout.layers, self._grad_views):
+            if ours and p.dtype == view.dtype:
+                if not _is_view(p.grad, view):
+                    p.grad = view
+                continue
             if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.copy_(flat[s.offset:s.end].view(p.grad.shape))
+                p.grad = torch.empty_like(p)
+            src = view if ours else flat[s.offset:s.end].view(p.grad.shape)
+            if scale == 1.0 or ours:
+                p.grad.copy_(src)
+            else:
+                torch.mul(src, scale, out=p.grad)
 
     def _prepare(self, flat: torch.Tensor) -> None:
         """Predivide a part of the fusion buffer in place, before the exchange (fp16 compression is the
@@ -185,13 +203,10 @@ class _DistributedMixin:
     def _gather_grads(self) -> None:
         """Copy ``.grad`` into the fusion buffer (torch ops on the device) and flag a non-finite value."""
         for p, view in zip(self.params, self._grad_views):
-            if p.grad is None:
-                view.zero_()
-            else:
-                view.copy_(p.grad.detach().reshape(view.shape))
+            _gather(p, view)
         self._prepare(self._flat)
-        finite = backend.all_finite(self.buffer)  # on the buffer's device
-        self._flag[0] = 0 if bool(finite) else 1  # an explicit host read (1 byte)
+        # one read pass on the buffer's device (no temporary), one host read of the largest magnitude
+        self._flag[0] = 0 if np.isfinite(backend.abs_max(self._flat)) else 1
 
     def _all_finite(self) -> bool:
         """Agree over ranks (4-byte Allreduce, max) whether every rank's gradient is finite."""
@@ -242,9 +257,6 @@ class _DistributedMixin:
             return self._skip()
         with self.timer.phase("update"):
             self._write_back(out)
-            if self.gradient_predivide_factor != 1.0:
-                for p in self.params:
-                    p.grad.mul_(self.gradient_predivide_factor)
         self._sync_ok = True
         return True
 
@@ -315,9 +327,7 @@ class _DistributedMixin:
         and the ranks agree, so a scheme whose ranks could see different
         results still skips on all of them together.
         """
-        xp = backend.array_module(out)
-        out_abs = xp.abs(out)
-        self._update_amax = float(out_abs.max()) if out.size else 0.0  # one host read
+        self._update_amax = backend.abs_max(out)  # one read pass, one host read
         self._flag[0] = 0 if np.isfinite(self._update_amax) else 1
         with self.timer.phase("wait"):
             return self._all_finite()
@@ -346,8 +356,7 @@ class _DistributedMixin:
     def _parameters_finite(self) -> bool:
         """Whether every parameter is finite after the step (the same on every rank: same parameters,
         same update); records the largest |parameter| for the next step's bound."""
-        norms = torch._foreach_norm([p.detach() for p in self.params], float("inf"))
-        self._param_amax = float(torch.stack(norms).max())
+        self._param_amax = backend.abs_max(self.params)  # one read pass (aminmax), one host read
         return bool(np.isfinite(self._param_amax))
 
     def _restore_parameters(self) -> None:
@@ -432,7 +441,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, scheme: str = "dense", density: float = 1.0, *,
                          comm: Communicator | None = None, timer: PhaseTimer | None = None, memory: bool = True,
                          seed: int = 0, broadcast: bool | None = None, model: torch.nn.Module | None = None,
-                         overlap: bool = False, bucket_cap_mb: float = 25.0, **scheme_options: Any):
+                         overlap: bool | None = None, bucket_cap_mb: float = 25.0, **scheme_options: Any):
     """``optimizer`` made distributed: an instance of a subclass of its own class (Horovod's signature).
 
     named_parameters: ``model.named_parameters()`` (None: all of the
@@ -447,7 +456,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     broadcast: broadcast rank 0's parameters first (default: only with a model).
     overlap: exchange bucket by bucket from gradient hooks while backward runs
     (:mod:`mpisparse.torch.overlap`; schemes whose math is per element or per
-    layer: dense, topk with layerwise=True, threshold with a fixed threshold);
+    layer: dense, topk with layerwise=True, threshold with a fixed threshold).
+    None (the default, as Horovod and DDP always overlap): overlap where the
+    scheme allows with more than one rank, else the plain step, said once in
+    one line on rank 0 (the scheme's ``bucket_reason``); False: the plain
+    step (the exchange after backward); True: overlap or a ValueError.
     bucket_cap_mb: the least size of a bucket.
     """
     if isinstance(named_parameters, torch.nn.Module):  # older positional form: (opt, model, scheme, density)

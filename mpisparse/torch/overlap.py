@@ -33,10 +33,12 @@ error-feedback entries sent by the ranks are dropped with it.
 
 from __future__ import annotations
 
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import backend
@@ -54,6 +56,51 @@ def overlap_refusal(scheme: str, options: dict[str, Any]) -> str | None:
         return None
     return (f"overlap=True: scheme {scheme!r} cannot run bucket by bucket ({why}); allowed: dense, "
             f"topk with layerwise=True, threshold with a fixed threshold")
+
+
+def _is_view(grad, view) -> bool:
+    """Whether ``grad`` is ``view`` of the fusion buffer (what :meth:`_write_back` set, or the same memory)."""
+    return grad is not None and (grad is view or (grad.data_ptr() == view.data_ptr() and grad.shape == view.shape
+                                                  and grad.stride() == view.stride() and grad.dtype == view.dtype))
+
+
+def _gather(p, view) -> None:
+    """Parameter ``p``'s gradient into its ``view`` of the fusion buffer (zeros without one; nothing to copy
+    when the gradient already is that view)."""
+    if p.grad is None:
+        view.zero_()
+    elif not _is_view(p.grad, view):
+        view.copy_(p.grad.detach().reshape(view.shape))
+
+
+#: the lines :func:`default_overlap` has said in this process (each once)
+_SAID: set[str] = set()
+
+
+def default_overlap(comm, scheme: str, options: dict[str, Any]) -> bool:
+    """``overlap=None``: whether to overlap (the scheme runs bucket by bucket, more than one rank, a plain
+    communicator and ``MPI_THREAD_MULTIPLE``); when the scheme or the communicator cannot, says so once in
+    one line on rank 0 (standard error) and returns False. One rank has nothing to overlap: False, silently."""
+    if comm.size <= 1:
+        return False
+    why = overlap_refusal(scheme, options)
+    if why is not None:
+        why = why.replace("overlap=True: ", "").split("; allowed:")[0]
+    elif not hasattr(getattr(comm, "comm", None), "Dup"):
+        why = "its communicator has no MPI communicator to duplicate (e.g. a hierarchical one)"
+    else:
+        from mpi4py import MPI
+
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+            why = "MPI was started below MPI_THREAD_MULTIPLE"
+    if why is None:
+        return True
+    line = f"mpisparse: DistributedOptimizer does not overlap the exchange with backward: {why}; overlap=False says nothing"
+    if comm.rank == 0 and line not in _SAID:
+        _SAID.add(line)
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    return False
 
 
 @dataclass
@@ -170,14 +217,10 @@ class BucketExchange:
     def _launch(self, bucket: Bucket) -> None:
         o = self.owner
         for i in bucket.layers:
-            p, view = o.params[i], o._grad_views[i]
-            if p.grad is None:
-                view.zero_()
-            else:
-                view.copy_(p.grad.detach().reshape(view.shape))
+            _gather(o.params[i], o._grad_views[i])
         flat = o._flat[bucket.start:bucket.end]
         o._prepare(flat)
-        bucket.finite = bool(backend.all_finite(bucket.buffer))  # one host read per bucket
+        bucket.finite = bool(np.isfinite(backend.abs_max(flat)))  # one read pass, one host read per bucket
         if not bucket.finite:  # zeros go out instead; the ranks agree on skipping afterwards
             flat.zero_()
         bucket.future = self._executor.submit(bucket.scheme.step, bucket.buffer, out=bucket.buffer)  # in place
@@ -185,16 +228,18 @@ class BucketExchange:
     # ------------------------------------------------------------------ finish
     def finish(self):
         """Start the buckets not started yet, wait for all; returns (this rank finite, the mean update as
-        a torch tensor of the whole layout on the model's device)."""
+        a torch tensor of the whole layout on the model's device: the fusion buffer itself, each bucket's
+        scheme having written its update in place over its gradients)."""
         for bucket in self.buckets[self._next:]:
             bucket.waiting = 0
         self._launch_ready(from_hook=False)
-        out = self.owner._agg
+        out = self.owner._flat
         finite = True
         try:
             for bucket in self.buckets:
                 res = bucket.future.result()  # re-raises an exception of the thread here
-                out[bucket.start:bucket.end].copy_(backend.to_torch(res))
+                if res is not bucket.buffer:  # a scheme that wrote elsewhere: one copy of the bucket
+                    out[bucket.start:bucket.end].copy_(backend.to_torch(res))
                 finite = finite and bucket.finite
         finally:
             self._reset()

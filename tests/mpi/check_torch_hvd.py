@@ -58,5 +58,13 @@ for scheme, density in (("dense", 1.0), ("deft", 0.5)):
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
     everyone = hvd.allgather_object(flat)
     assert all(np.array_equal(everyone[0], f) for f in everyone), f"{scheme}: parameters differ after join"
+# overlap=None (the default): bucket by bucket where the scheme allows, else the plain step
+for scheme, on in (("dense", W > 1), ("topk", False)):
+    model = linear()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), scheme=scheme, density=0.5,
+                                   named_parameters=model.named_parameters())
+    assert (opt.overlap is not None) == on, (scheme, opt.overlap)
+    if opt.overlap is not None:
+        opt.overlap.close()
 if R == 0:
     print(f"torch_hvd OK on {W} ranks", flush=True)
