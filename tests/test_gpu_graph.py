@@ -142,3 +142,38 @@ def test_the_fixed_cost_benchmark_runs_its_three_ways_and_checks_the_replay(cp):
     assert all(set(v) == {"plain", "graph", "graph_reuse"} for v in res["ms"].values())
     assert res["stats"]["plain"]["captures"] == 0 and res["stats"]["graph"]["replays"] > 0
     assert res["replay_equals_fresh"] and res["replays_in_check"] > 0 and res["capture_unsupported"] is None
+
+
+def test_layer_norms_sum_on_the_device_and_replay(cp, monkeypatch):
+    """segment_norms: tile sums, then each segment's sum on the device; one number per segment read back;
+    the two launches replayed after the input changes in place; the same bits with graphs off."""
+    from mpisparse.backend import cupy_segments
+
+    rng = np.random.default_rng(6)
+    sizes = np.array([3, 0, 40_000, 8_192, 1, 20_001], dtype=np.int64)  # empty, one tile, several tiles
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    xs = [rng.standard_normal(int(sizes.sum())).astype(np.float32) for _ in range(3)]
+    d = cp.asarray(xs[0])
+    reads = []
+    real_get = cp.ndarray.get
+
+    def counted_get(self, *a, **kw):
+        reads.append(self.size)
+        return real_get(self, *a, **kw)
+
+    monkeypatch.setattr(cp.ndarray, "get", counted_get)
+    replayed = []
+    for x in xs:
+        d.set(x)
+        reads.clear()
+        got = ck.segment_norms(d, starts, sizes)
+        assert reads == [sizes.size]  # one read back, one float64 per segment
+        want = [np.linalg.norm(x[a:a + s].astype(np.float64)) for a, s in zip(starts, sizes)]
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        assert got[1] == 0.0
+        replayed.append(got)
+    assert cupy_graph.STATS["captures"] == 1 and cupy_graph.STATS["replays"] == 1
+    monkeypatch.setenv(cupy_graph.ENV, "0")
+    cupy_graph.clear()
+    np.testing.assert_array_equal(ck.segment_norms(d, starts, sizes), replayed[-1])  # plain launches: same bits
+    assert cupy_segments.SEG_TILE == 8_192

@@ -3,9 +3,11 @@
 Segmented kernels (``cuda/segmented.cu``): the host cuts every segment into
 tiles of at most :data:`SEG_TILE` elements and one block handles one tile, so
 each pass is one launch whatever the number of segments.
-``segment_norms``: one launch (per-tile float64 sums of squares), one
-device-to-host read of the tile sums, summed per segment on the host in a
-fixed order.  ``segment_topk_abs``: the NumPy kernel's sampling
+``segment_norms``: one launch (per-tile float64 sums of squares), a second
+summing each segment's tiles on the device in tile order (one thread per
+segment), one device-to-host read of one number per segment; its buffers and
+tile plan form a workspace per layout and its two launches replay as a CUDA
+graph (:mod:`.cupy_graph`).  ``segment_topk_abs``: the NumPy kernel's sampling
 (:func:`mpisparse.backend.numpy_segment_topk.segment_plan`) with the selection
 on the device -- one sampling launch (hashed positions, each segment's keys
 in its own region), one block per segment for its threshold (the sample's
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import cupy_graph as _graph
 from . import index_dtype  # the one place the index width is decided
 from .cupy_launch import (BLOCK, KTH_THREADS, _NULL, _as_1d_float, _check_scratch, _cupy, _grid, _in, _kernel,
                           _key_dtype, _tn, _work)
@@ -79,24 +82,48 @@ def _upload(cp, *arrays):
     return out
 
 
+def _norms_ws(w, st: np.ndarray, sz: np.ndarray):
+    """The norms' workspace of one layout: tile bounds and each segment's first tile (device), tile and segment sums."""
+    cp = _cupy()
+
+    def build(ws):
+        lo, hi, _ = _tiles(st, sz)
+        toff = np.zeros(st.size + 1, dtype=np.int64)
+        np.cumsum(-(-sz // SEG_TILE), out=toff[1:])
+        ws.tiles = lo.size
+        ws.lo, ws.hi, ws.toff = _upload(cp, lo, hi, toff)
+        ws.partial = cp.empty(lo.size, dtype=np.float64)
+        ws.sums = cp.empty(st.size, dtype=np.float64)
+
+    return _graph.workspace(("seg_norms", _graph.device_of(w), w.dtype.char, st.tobytes(), sz.tobytes()), build)
+
+
 def segment_norms(x, starts, sizes) -> np.ndarray:
     """L2 norm of every segment, float64 on the host (:func:`mpisparse.backend.segment_norms`).
 
-    One launch (``seg_sumsq``: a float64 sum of squares per tile), one read
-    of the tile sums; summed per segment on the host in tile order, so the
-    result is deterministic.  Empty segments give 0.
+    Two launches: ``seg_sumsq`` (a float64 sum of squares per tile, a
+    fixed-order tree) and ``seg_tile_sums`` (each segment's tile sums added
+    in tile order on the device), then one read of one number per segment:
+    deterministic, and the same bits as adding the tile sums on the host.
+    Empty segments give 0.  The layout's workspace is reused and the two
+    launches replay as one CUDA graph from the second call on the same input.
     """
-    cp = _cupy()
     x = _as_1d_float(x)
     st, sz = _segments(starts, sizes, x.shape[0])
     if not (sz > 0).any():
         return np.zeros(st.size, dtype=np.float64)
     w = _work(x)
-    lo, hi, seg, lo_d, hi_d, _ = _tile_plan(cp, st, sz, np.arange(st.size, dtype=np.int64))
-    partial = cp.empty(lo.size, dtype=np.float64)
-    _kernel("segmented.cu", f"seg_sumsq_{_tn(w.dtype)}")((lo.size,), (BLOCK,), (w, lo_d, hi_d, partial))
-    sq = np.bincount(seg, weights=partial.get(), minlength=st.size)
-    return np.sqrt(sq)
+    ws = _norms_ws(w, st, sz)
+    sumsq = _kernel("segmented.cu", f"seg_sumsq_{_tn(w.dtype)}")
+    tile_sums = _kernel("segmented.cu", "seg_tile_sums")
+    grid, nseg = _grid(st.size), np.int64(st.size)
+
+    def launch():
+        sumsq((ws.tiles,), (BLOCK,), (w, ws.lo, ws.hi, ws.partial))
+        tile_sums(grid, (BLOCK,), (ws.partial, ws.toff, nseg, ws.sums))
+
+    _graph.run(ws, _graph.address(w), launch)
+    return np.sqrt(ws.sums.get())  # the one device-to-host read: one number per segment
 
 
 def _seg_layout(st: np.ndarray, sz: np.ndarray, k: np.ndarray):

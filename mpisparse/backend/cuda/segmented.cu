@@ -8,6 +8,9 @@
 //
 // * seg_sumsq_*          one block per tile: the tile's sum of squares in
 //                        double (fixed-order tree reduction: deterministic)
+// * seg_tile_sums        one thread per segment: its tiles' sums added in tile
+//                        order (the host's former order: the same float64 bits),
+//                        so one number per segment is read back
 // * seg_sample_mag_*     magnitude keys at hashed random positions (with
 //                        replacement) of every segment, into the segment's
 //                        own region of the sample (samp_off)
@@ -155,6 +158,16 @@ __device__ __forceinline__ void seg_take(const K* __restrict__ keys, const I* __
         if (gt) o[p] = ii[i];
         const u64 q = warp_append(eq, &n_eq);
         if (eq && above + q < ks) o[above + q] = ii[i];
+    }
+}
+
+// A thread per segment (grid-stride): the sum of its tiles' partial sums (tiles tile_off[s] .. tile_off[s+1]), in tile order.
+extern "C" __global__ void seg_tile_sums(const double* __restrict__ partial, const i64* __restrict__ tile_off,
+                                         i64 nseg, double* __restrict__ out) {
+    for (i64 s = (i64)blockIdx.x * blockDim.x + threadIdx.x; s < nseg; s += (i64)gridDim.x * blockDim.x) {
+        double acc = 0.0;
+        for (i64 t = tile_off[s]; t < tile_off[s + 1]; ++t) acc += partial[t];
+        out[s] = acc;
     }
 }
 
