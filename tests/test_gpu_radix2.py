@@ -126,3 +126,29 @@ def test_replayed_radix2_equals_a_fresh_call_and_allocates_nothing(monkeypatch):
     assert fakecupy.ALLOCS["count"] == 0, fakecupy.ALLOCS
     assert cupy_graph.STATS["captures"] == 1 and cupy_graph.STATS["replays"] == 3
     assert cupy_graph.STATS["capture_failures"] == 0
+
+
+def test_random_small_cases_nan_inf_denormals_float16(cp, monkeypatch):
+    """Many small inputs of awkward values (NaN ranks largest, inf, denormals, -0.0, float16 widened), small
+    candidate buffers in half of them: exact every time."""
+    rng = np.random.default_rng(7)
+    pool = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-42, 1.0, -1.0, 3.5], np.float32)
+    for case in range(24):
+        if case % 2:
+            monkeypatch.setattr(cupy_radix, "MIN_CANDIDATES", int(rng.integers(1, 40)))
+            monkeypatch.setattr(cupy_radix, "CANDIDATE_FRACTION", 10**9)
+        else:
+            monkeypatch.setattr(cupy_radix, "MIN_CANDIDATES", 4096)
+            monkeypatch.setattr(cupy_radix, "CANDIDATE_FRACTION", 8)
+        n = int(rng.integers(2, 3_000))
+        x = rng.standard_normal(n).astype(np.float32) * np.float32(10.0 ** rng.integers(-30, 30))
+        mask = rng.random(n) < rng.random()
+        x[mask] = rng.choice(pool, int(mask.sum()))
+        k = int(rng.integers(1, n))
+        with np.errstate(over="ignore"):  # float16: large magnitudes become inf, on purpose
+            d = cp.asarray(x.astype(np.float16) if case % 6 == 5 else x)
+        want_x = d.get().astype(np.float32) if case % 6 == 5 else x
+        got = ck.topk_abs(d, k, method="radix2").get()
+        assert got.shape == (k,) and np.unique(got).size == k, (case, n, k)
+        np.testing.assert_array_equal(np.sort(np.abs(want_x[got])), np.sort(np.abs(want_x[nk.topk_abs(want_x, k)])),
+                                      err_msg=f"case {case}: n={n} k={k}")
