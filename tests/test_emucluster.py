@@ -95,7 +95,7 @@ def test_help_says_what_it_needs():
     (["up", "0"], "emucluster: N is '0'; the number of hosts must be an integer in 1..200"),
     (["up", "2", "--rate", "fast"], "emucluster: --rate is 'fast'; allowed: a tc rate such as 100mbit, 1gbit, 10gbit"),
     (["up", "2", "--instance", "100"], "emucluster: --instance is '100'; allowed: an integer in 0..99"),
-    (["frobnicate"], "emucluster: unknown command 'frobnicate' (up, run, down, status; --help)"),
+    (["frobnicate"], "emucluster: unknown command 'frobnicate' (up, run, link-down, down, status; --help)"),
     (["run", "2", "--ranks-per-host", "0", "--", "true"],
      "emucluster: --ranks-per-host is '0'; allowed: an integer in 1..64"),
     (["up", "2", "--ranks-per-host", "2"], "emucluster: --ranks-per-host belongs to run"),
