@@ -152,3 +152,13 @@ def test_random_small_cases_nan_inf_denormals_float16(cp, monkeypatch):
         assert got.shape == (k,) and np.unique(got).size == k, (case, n, k)
         np.testing.assert_array_equal(np.sort(np.abs(want_x[got])), np.sort(np.abs(want_x[nk.topk_abs(want_x, k)])),
                                       err_msg=f"case {case}: n={n} k={k}")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_aligned_and_misaligned_inputs_take_the_vector_and_scalar_loads(cp, dtype):
+    x = np.random.default_rng(9).standard_normal(9_003).astype(dtype)
+    d = cp.asarray(x)
+    for off in (0, 1, 3):  # off 0: 16-byte loads and block 0's tail; 1 and 3: a view off the 16-byte grid
+        view, want = d[off:], x[off:]
+        for k in (1, 90, 4_000):
+            check(want, ck.topk_abs(view, k, method="radix2"), k)

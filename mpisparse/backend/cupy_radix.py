@@ -39,7 +39,8 @@ from .cupy_launch import BLOCK, _cupy, _grid, _in, _kernel, _key_dtype, _tn
 #: Bits per digit at most (``R2_BITS`` in ``cuda/radix.cu``) and the histogram's bins.
 DIGIT_BITS = 11
 BINS = 1 << DIGIT_BITS
-#: Elements per thread per iteration of the passes (``R2_ILP`` in ``cuda/radix.cu``).
+#: Elements per thread per iteration of the passes (``R2_ILP`` in ``cuda/radix.cu``; a pass over an aligned
+#: ``x`` loads ``R2_VILP`` = 2 16-byte vectors instead): sizes the grid.
 ILP = 4
 #: Device state slots after the histogram (``S_*`` in ``cuda/radix.cu``: 10 used).
 STATE_SLOTS = 16
