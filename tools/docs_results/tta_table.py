@@ -18,7 +18,7 @@ def _runs(quick: bool) -> list[Run]:
         return [Run("tta", args, emucluster=(QUICK_HOSTS, QUICK_RATE), plot=None)]
     args = ["bench", "tta", "--model", "resnet18", "--data", "digits", "--scheme", "dense-opt", "--scheme", "dense",
             "--scheme", "topk", "--scheme", "cltk", "--scheme", "powersgd", "--density", "0.01",
-            "--target", "0.9", "--max-steps", "50", "--eval-every", "10", "--batch-size", "32", "--lr", "0.05",
+            "--target", "0.9", "--max-steps", "120", "--eval-every", "10", "--batch-size", "32", "--lr", "0.05",
             "--no-progress"]
     return [Run("tta", args, emucluster=(HOSTS, RATE), plot="tta.png")]
 
