@@ -108,16 +108,20 @@ def run_ps_training(comm, cfg, *, progress: Callable[[str | None], None] | None 
     scheme = create(cfg.scheme, comm, layout, cfg.density, memory=cfg.memory, seed=cfg.seed,
                     servers=cfg.servers, **dict(cfg.scheme_options))
     timer = PhaseTimer()
-    if scheme.is_server():
-        server = scheme.make_server(w, timer=timer)
-        if opened is not None:
-            server.on_save = _server_save(comm, cfg, server)
-            if opened.mine is not None:
-                server.load_state_dict(opened.mine["server"])
-        return ps_train_result(comm, cfg, scheme, server.run().summary(timer), [])
-    step = WorkerStep(comm, cfg, scheme, lm, ds, model, params, layout, w, timer)
-    step.agree_comm = workers
-    return run_loop(comm, cfg, step, progress=progress, step_log=step_log, opened=opened)
+    try:
+        if scheme.is_server():
+            server = scheme.make_server(w, timer=timer)
+            if opened is not None:
+                server.on_save = _server_save(comm, cfg, server)
+                if opened.mine is not None:
+                    server.load_state_dict(opened.mine["server"])
+            return ps_train_result(comm, cfg, scheme, server.run().summary(timer), [])
+        step = WorkerStep(comm, cfg, scheme, lm, ds, model, params, layout, w, timer)
+        step.agree_comm = workers
+        return run_loop(comm, cfg, step, progress=progress, step_log=step_log, opened=opened)
+    finally:
+        if workers is not None and hasattr(workers, "comm"):
+            workers.comm.Free()
 
 
 def _server_save(comm, cfg, server):
