@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="s
               pytest.mark.timeout(300)]
 
 PS = ["train", "-n", "3", "--servers", "1", "--scheme", "slimdp", "--density", "0.2", "--model", "mlp",
-      "--data", "digits", "--lr", "0.05", "--batch-size", "64", "--seed", "2", "--epochs", "4"]
+      "--data", "digits", "--lr", "0.05", "--batch-size", "64", "--seed", "2", "--epochs", "6"]
 
 
 def _run(args, tmp_path, name):
