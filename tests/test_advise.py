@@ -112,6 +112,8 @@ def test_validation_compares_steps_and_winners():
     measured["rows"].append({"scheme": "dense-16", "step_seconds": 0.01})  # measured only, not a contender
     v = adv.validate(res, measured)
     assert v["winner_agrees"] and v["max_abs_error"] == pytest.approx(1 / 11)
+    assert v["kind_agrees"] and v["predicted_kind"] == adv.kind(res["winner"])
+    assert [adv.kind(x) for x in (adv.BASELINE, "dense", "cltk", None)] == [adv.BASELINE, "dense", "sparse", None]
     assert "agree" in adv.format_validation(v)
 
 

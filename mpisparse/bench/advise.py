@@ -292,7 +292,14 @@ def validate(res: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
     winner = min(reached, key=lambda r: r["measured_time_to_target"])["scheme"] if reached else None
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
     return {"rows": rows, "predicted_winner": res["winner"], "measured_winner": winner,
-            "winner_agrees": winner == res["winner"], "max_abs_error": max(errors, default=None)}
+            "winner_agrees": winner == res["winner"], "max_abs_error": max(errors, default=None),
+            "predicted_kind": kind(res["winner"]), "measured_kind": kind(winner),
+            "kind_agrees": kind(winner) == kind(res["winner"])}
+
+
+def kind(label: str | None) -> str | None:
+    """The decision a winner stands for: ``dense-opt``, float32 ``dense``, or ``sparse`` (any other scheme)."""
+    return None if label is None else label if label in (BASELINE, "dense") else "sparse"
 
 
 def format_validation(v: dict[str, Any]) -> str:
@@ -303,7 +310,8 @@ def format_validation(v: dict[str, Any]) -> str:
             Column("measured_seconds", "measured ms", ms), Column("error", "error", lambda e: f"{100 * e:+.0f}%")]
     return (format_rows(v["rows"], cols, title="validation against the measured steps") +
             f"\npredicted winner {v['predicted_winner']}, measured winner {v['measured_winner']}"
-            f" ({'agree' if v['winner_agrees'] else 'DIFFER'}); largest error {100 * v['max_abs_error']:.0f}%")
+            f" ({'agree' if v['winner_agrees'] else 'DIFFER'}; {v['predicted_kind']} against {v['measured_kind']}); "
+            f"largest error {100 * v['max_abs_error']:.0f}%")
 
 
 def delivered_bandwidth(path: str) -> float:
