@@ -119,28 +119,35 @@ def abs_max(xs) -> float:
     """The largest magnitude over the tensors or arrays ``xs`` (one, or a list), as a Python float: NaN or Inf
     when an entry is not finite (NaN propagates), 0.0 when all are empty; one host read in all.
 
-    One read pass, no temporary as large as ``x``: torch's ``aminmax`` (CPU and CUDA alike; arrays are
-    viewed as tensors zero-copy, :func:`to_torch`), or the array module's ``min`` and ``max`` without torch.
-    The finite checks of :class:`mpisparse.torch.DistributedOptimizer` (a copy of ``x`` costs about four
-    times as much as this on a CPU; ``|x|.max()`` allocates a vector the size of ``x`` and faults its pages).
+    One read pass, no temporary as large as ``x``: torch's ``aminmax`` for torch tensors (CPU and CUDA alike)
+    and for NumPy arrays (viewed as tensors zero-copy, :func:`to_torch`; NumPy's own ``min`` and ``max``
+    without torch); a device array's own module's ``min`` and ``max`` (CuPy: two device reductions, one
+    host read). The finite checks of :class:`mpisparse.torch.DistributedOptimizer` (a copy of ``x`` costs
+    about four times as much on a CPU; ``|x|.max()`` allocates a vector the size of ``x`` and faults its pages).
     """
     xs = xs if isinstance(xs, (list, tuple)) else [xs]
     try:
         import torch
-    except ImportError:  # the array modules' own reductions (two read passes)
-        vals = [(-float(x.min()), float(x.max())) for x in xs if x.size]
-        if any(lo != lo or hi != hi for lo, hi in vals):
-            return float("nan")
-        return max((max(lo, hi) for lo, hi in vals), default=0.0)
-    parts = []
+    except ImportError:
+        torch = None
+    parts = []  # 0-d values, each on its own array module or torch
     for x in xs:
-        t = x if is_torch_tensor(x) else to_torch(x)
-        if t.numel():
-            lo, hi = torch.aminmax(t.detach().reshape(-1))
-            parts.append(torch.maximum(-lo, hi))
+        if is_torch_tensor(x) or (torch is not None and isinstance(x, np.ndarray)):
+            t = x.detach() if is_torch_tensor(x) else to_torch(x)
+            if t.numel():
+                lo, hi = torch.aminmax(t.reshape(-1))
+                parts.append(torch.maximum(-lo, hi))
+        elif x.size:
+            xp = array_module(x)
+            parts.append(xp.maximum(-x.min(), x.max()))
     if not parts:
         return 0.0
-    return float(parts[0] if len(parts) == 1 else torch.stack(parts).max())
+    if len(parts) == 1:
+        return float(parts[0])
+    if all(is_torch_tensor(v) for v in parts):
+        return float(torch.stack(parts).max())
+    vals = [float(v) for v in parts]  # mixed modules (not a case of the library's): one read each
+    return float("nan") if any(v != v for v in vals) else max(vals)
 
 
 def scatter_sum(out, indices, values, counts, scale: float, *, clear=None) -> None:

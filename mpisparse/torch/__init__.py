@@ -30,19 +30,22 @@ Device residency: the fusion buffer is a torch tensor on the model's device
 (the gradients are copied into it with torch ops, never through the host),
 viewed zero-copy as an array of that device's array module through DLPack
 (:func:`mpisparse.backend.as_array`: NumPy for a CPU model, CuPy for a CUDA
-one); the scheme works on that array and keeps its state there, and its
-output is viewed back as a torch tensor (:func:`mpisparse.backend.to_torch`)
-and copied into ``.grad`` on the device.  The only host reads of a step made
-here are two non-finite flags (one byte each: whether this rank's gradient
-is finite, before the exchange, and whether the exchanged update is, after
-it), each agreed on by the ranks with a 4-byte host Allreduce.  The
+one); the scheme works on that array and keeps its state there, writing its
+update over the gathered gradient, and each float32 parameter's ``.grad``
+then becomes its view of the buffer (no copy back; a scheme that writes
+elsewhere is copied, :func:`mpisparse.backend.to_torch`). The finite checks
+are one read pass each (:func:`mpisparse.backend.abs_max`, no temporaries).  The only host reads of a
+step made here are three largest magnitudes (4 bytes each: of this rank's
+gradient before the exchange and of the exchanged update after it, each
+agreed on as a finite flag by the ranks with a 4-byte host Allreduce, and
+of the parameters after the optimizer's step).  The
 CPU path is the same code with NumPy as the array module.
 
 Phases: the copy into the fusion buffer and the local finite check are
 timed as ``compensate`` (they prepare the vector the scheme compensates);
 the 4-byte Allreduce that agrees on skipping is ``wait`` (mostly waiting
-for the slowest rank's backward pass); the copy back and the optimizer step
-are ``update``.
+for the slowest rank's backward pass); the update's check, setting ``.grad`` and the optimizer
+step are ``update``.
 """
 
 from __future__ import annotations
@@ -206,7 +209,7 @@ class _DistributedMixin:
             _gather(p, view)
         self._prepare(self._flat)
         # one read pass on the buffer's device (no temporary), one host read of the largest magnitude
-        self._flag[0] = 0 if np.isfinite(backend.abs_max(self._flat)) else 1
+        self._flag[0] = 0 if np.isfinite(backend.abs_max(self.buffer)) else 1
 
     def _all_finite(self) -> bool:
         """Agree over ranks (4-byte Allreduce, max) whether every rank's gradient is finite."""

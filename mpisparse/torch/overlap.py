@@ -220,7 +220,7 @@ class BucketExchange:
             _gather(o.params[i], o._grad_views[i])
         flat = o._flat[bucket.start:bucket.end]
         o._prepare(flat)
-        bucket.finite = bool(np.isfinite(backend.abs_max(flat)))  # one read pass, one host read per bucket
+        bucket.finite = bool(np.isfinite(backend.abs_max(bucket.buffer)))  # one read pass, one host read per bucket
         if not bucket.finite:  # zeros go out instead; the ranks agree on skipping afterwards
             flat.zero_()
         bucket.future = self._executor.submit(bucket.scheme.step, bucket.buffer, out=bucket.buffer)  # in place

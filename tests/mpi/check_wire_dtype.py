@@ -154,9 +154,10 @@ if "--torch" in sys.argv:
         opt = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model=model, comm=comm, **kw)
         torch.manual_seed(1 + rank)
         x, y = torch.randn(16, 40), torch.randint(0, 10, (16,))
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        # the overlapped buckets (the default) send over their own communicator, from backward on
         sent = lambda: opt.comm.bytes_sent + (opt.overlap.bytes_sent if opt.overlap else 0)  # noqa: E731
-        b0 = sent()  # the overlapped buckets (the default) send over their own communicator
+        b0 = sent()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
         assert opt.step()
         grads_now = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
         return sent() - b0, grads_now, opt
