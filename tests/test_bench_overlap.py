@@ -51,3 +51,17 @@ def test_table_names_each_way():
                      "overlap_ms": 20.0, "speedup": 1.5, "hidden": 0.5, "buckets": 3}]}
     text = format_overlap(res)
     assert "topk --layerwise" in text and "1.50x" in text and "50%" in text and "30.0" in text
+
+
+def test_library_table_puts_the_step_beside_a_local_step_and_a_copy():
+    from mpisparse.bench.overlap import _library_row
+
+    facts = {"library_opt_step": 0.2, "library_scheme": 0.1, "library_wait": 0.02, "library_local_step": 0.02,
+             "library_copy": 0.01, "library": 0.05}
+    row = _library_row([facts, {**facts, "library": 0.04}])  # the slowest rank's
+    assert row["library_ms"] == pytest.approx(50.0) and row["library_copies"] == pytest.approx(3.0)
+    res = {"model": "resnet18", "batch": 4, "world_size": 2, "density": 0.01, "bucket_cap_mb": 25.0, "iters": 3,
+           "rows": [{"scheme": "dense", "options": {}, "compute_ms": 10.0, "plain_ms": 30.0, "overlap_ms": 20.0,
+                     "speedup": 1.5, "hidden": 0.5, "buckets": 2, **row}]}
+    text = format_overlap(res)
+    assert "library in copies" in text and "3.0" in text and "one gradient copy (ms)" in text
