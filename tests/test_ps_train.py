@@ -74,6 +74,6 @@ def test_ps_checkpoints_resume_exactly_where_synchronous_runs_end():
     """tests/mpi/check_ps_resume.py on 3 ranks (2 workers, 1 server): slimdp resumed at an epoch's end and dgs
     --round-robin stopped by SIGUSR1 mid-epoch end exactly as uninterrupted; asgd (arrival order) in the band;
     another configuration or other ranks refused."""
-    from conftest import rank_case
+    from conftest import TORCH_CASES, rank_case
 
-    rank_case("ps_resume", 3)
+    rank_case("ps_resume", 3, family=TORCH_CASES)

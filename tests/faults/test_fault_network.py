@@ -241,7 +241,7 @@ def test_link_down_5s_mid_run_completes_identically(clean, clean_run, tmp_path):
 def test_long_outage_ends_at_the_timeout_with_a_checkpoint_to_resume(clean, clean_run, tmp_path):
     """Host 3's link down for longer than --timeout: the job ends at the timeout, not later; resume finishes."""
     steps = tmp_path / "steps.csv"
-    timeout, epochs = 60, EPOCHS
+    timeout, epochs = (30 if QUICK else 60), EPOCHS  # quick: the job's start and first epoch take ~10 s
     result = {}
 
     def take_down():  # in epoch 2 (12 steps an epoch; the first epoch's checkpoint is written), down for 2 minutes
