@@ -95,7 +95,8 @@ def default_overlap(comm, scheme: str, options: dict[str, Any]) -> bool:
             why = "MPI was started below MPI_THREAD_MULTIPLE"
     if why is None:
         return True
-    line = f"mpisparse: DistributedOptimizer does not overlap the exchange with backward: {why}; overlap=False says nothing"
+    line = (f"mpisparse: DistributedOptimizer exchanges after backward, not overlapped: {why}; "
+            "overlap=False silences this")
     if comm.rank == 0 and line not in _SAID:
         _SAID.add(line)
         sys.stderr.write(line + "\n")
