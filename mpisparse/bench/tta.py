@@ -16,7 +16,8 @@ accuracy (or at ``max_steps``).  The runs, in order:
 What a row holds (the JSON keys; docs/performance.md#time-to-accuracy):
 
 * ``steps_to_target`` / ``seconds_to_target``: the first evaluation at or
-  above the target (so a multiple of ``eval_every``, or the last step), and
+  above the target (evaluations every ``eval_every`` steps, at each epoch's
+  end and at the last step), and
   the training wall-clock up to it, evaluations excluded (the slowest
   rank's clock); the string ``"not reached"`` when the budget ran out first;
 * ``final_accuracy``: the last evaluation's test accuracy;

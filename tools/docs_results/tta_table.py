@@ -52,8 +52,9 @@ def _render(res: dict[str, Any], quick: bool) -> str:
             f"(untimed). `{r['baseline']}` is the optimized dense baseline: dense, {r['baseline_wire_dtype']} on "
             f"the wire, exchanged from gradient hooks while backward runs; `dense` is float32, after backward.\n\n")
     notes = (
-        "\n\nSteps and seconds to target: the first evaluation at or above the target (so a multiple of the "
-        "evaluation interval) and the training wall-clock up to it, evaluations excluded. Step ms is the mean "
+        "\n\nSteps and seconds to target: the first evaluation at or above the target (evaluations every "
+        "interval and at each epoch's end) and the training "
+        "wall-clock up to it, evaluations excluded. Step ms is the mean "
         "step after the first, mean over ranks: compute (forward, backward, the optimizer's update and the "
         "library's copies) + exposed exchange (the scheme's phases left in the step); hidden exchange is the "
         "communication thread's time in the buckets' exchanges minus the step's wait for them "
