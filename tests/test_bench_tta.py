@@ -103,3 +103,20 @@ def test_table_and_plot(tmp_path):
     plot_tta(_res(True), str(png))
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert not math.isnan(_res(True)["rows"][1]["final_accuracy"])
+
+
+def test_the_loop_stops_where_the_step_asks():
+    """TrainStep.stop_requested (what bench tta's target uses): the loop ends after that step, the epoch's
+    evaluation and the result still done."""
+    from conftest import SelfComm
+    from mpisparse.config import TrainConfig
+    from mpisparse.train.core import run_loop
+    from test_loop_core import ToyStep
+
+    class Stopping(ToyStep):
+        def stop_requested(self):
+            return self.seen >= 4
+
+    loop = run_loop(SelfComm(), TrainConfig(epochs=5), Stopping())
+    assert loop.iteration == 4 and len(loop.step_bytes) == 4
+    assert [r["epoch"] for r in loop.history] == [1] and loop.history[0]["iteration"] == 4
