@@ -20,7 +20,7 @@ from mpisparse.config import TrainConfig
 from mpisparse.mpi.comm import Communicator
 from mpisparse.runtimes import validate
 from mpisparse.train import checkpoint
-from mpisparse.train.core import LoopState, _resume
+from mpisparse.train.core import LoopState, _resume, open_checkpoint
 from mpisparse.train.loop import CollectiveStep, run_training
 from mpisparse.train.reshard import pending_update
 
@@ -52,7 +52,7 @@ for name, opts in SCHEMES:
             step = CollectiveStep(sub, cfg2)
             with warnings.catch_warnings(record=True) as said:
                 warnings.simplefilter("always")
-                _resume(sub, cfg2, step, LoopState())
+                _resume(open_checkpoint(sub, cfg2), step, LoopState())
             if sub.rank == 0:
                 assert any("redistributed" in str(w.message) for w in said), [str(w.message) for w in said]
             memory = step.dopt.scheme.memory
