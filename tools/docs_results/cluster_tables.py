@@ -242,7 +242,7 @@ _table(Table(
     about=("A real training step of a net through `mpisparse.torch.DistributedOptimizer`, three ways in one "
            "job on the emulated cluster: no exchange, the exchange after backward, and buckets exchanged "
            "from gradient hooks while backward runs ([torch.md](../torch.md#overlapping-the-exchange-with-"
-           "backward-overlaptrue))."),
+           "backward-overlap))."),
     runs=lambda quick: [Run("overlap", ["bench", "overlap", "--model", "cnn" if quick else "resnet18",
                                         "--scheme", "dense", "--scheme", "topk", "--layerwise", "--density", "0.01",
                                         "--batch", "8" if quick else "16", "--iters", "2" if quick else "10",
