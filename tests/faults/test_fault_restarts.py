@@ -1,10 +1,11 @@
-"""A parameter-server job with a rank killed mid-run, twice, resumed by ``--max-restarts``; the restart options'
-errors.  (A resume by hand takes the same path: ``--max-restarts`` adds ``--resume`` to the command line.)
+"""Parameter-server and pipeline jobs with a rank killed mid-run, resumed by ``--max-restarts``; the restart
+options' errors.  (A resume by hand takes the same path: ``--max-restarts`` adds ``--resume`` to the command line.)
 
-The runs are ``slimdp`` on 3 ranks (2 workers, 1 server: synchronous, so a resumed run must end exactly
-where an uninterrupted one does).  The rank killed twice is found from the test side (its environment
-holds the job's mark and ``PMI_RANK=1``) and sent SIGKILL once a new checkpoint exists: no test hook in
-mpisparse.
+The runs: ``slimdp`` on 3 ranks (2 workers, 1 server: synchronous), killed twice; ``dgs --round-robin`` on 3
+ranks (asynchronous, but the server takes the pushes in a fixed turn, so its arithmetic is reproducible) and a
+2-stage ``dct-mp`` pipeline on 2 ranks (synchronous), each killed once.  Every resumed run must end exactly where
+its uninterrupted run does.  The rank killed is found from the test side (its environment holds the job's mark and
+``PMI_RANK=1``) and sent SIGKILL once a new checkpoint exists: no test hook in mpisparse.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="s
 
 PS = ["train", "-n", "3", "--servers", "1", "--scheme", "slimdp", "--density", "0.2", "--model", "mlp",
       "--data", "digits", "--lr", "0.05", "--batch-size", "64", "--seed", "2", "--epochs", "6"]
+#: small batches, so an epoch (one checkpoint) takes long enough for the kill to land before the end
+DGS = ["train", "-n", "3", "--servers", "1", "--scheme", "dgs", "--round-robin", "--density", "0.1", "--model",
+       "mlp", "--data", "digits", "--lr", "0.05", "--batch-size", "16", "--seed", "2", "--epochs", "4"]
+MP = ["train", "-n", "2", "--mp-stages", "2", "--scheme", "dct-mp", "--density", "0.25", "--model", "mlp",
+      "--data", "digits", "--lr", "0.05", "--batch-size", "16", "--seed", "5", "--epochs", "4"]
 
 
 def _run(args, tmp_path, name):
@@ -86,6 +92,51 @@ def test_max_restarts_2_with_rank_1_killed_twice_completes_like_uninterrupted(tm
     run = json.loads((tmp_path / "r.json").read_text())
     assert run["restarts"] == 2
     _same(run, reference)
+
+
+@pytest.fixture(scope="module")
+def reference_dgs(tmp_path_factory):
+    return _run(DGS, tmp_path_factory.mktemp("ref-dgs"), "full")[1]
+
+
+@pytest.fixture(scope="module")
+def reference_mp(tmp_path_factory):
+    return _run(MP, tmp_path_factory.mktemp("ref-mp"), "full")[1]
+
+
+def _killed_once(args, tmp_path, ref):
+    """``args`` with --max-restarts 1: rank 1 SIGKILLed once the first checkpoint exists; one restart
+    resumes it from that checkpoint to the end; the run's per-epoch metrics equal ``ref``'s."""
+    job = Job([*args, "--checkpoint", "ck", "--max-restarts", "1", "--json", "r.json"], tmp_path)
+    try:
+        job.wait_for(lambda: _latest(tmp_path / "ck") is not None and _rank_pid(job.id, 1))
+        seen = _latest(tmp_path / "ck")
+        os.kill(_rank_pid(job.id, 1), signal.SIGKILL)
+        code = job.wait(240)
+        assert code == 0, job.text()
+    finally:
+        job.cleanup()
+    err = job.err.read_text()
+    assert "restart 1/1 from the last checkpoint" in err and "completed after 1 restart" in err, job.text()
+    last = ref["metrics"]["per_epoch"][-1]["iteration"]
+    assert int(seen.strip().rsplit("-", 1)[-1]) < last, f"killed after the last checkpoint ({seen}): not mid-run"
+    run = json.loads((tmp_path / "r.json").read_text())
+    assert run["restarts"] == 1
+    _same(run, ref)
+    assert [e["test_accuracy"] for e in run["metrics"]["per_epoch"]] == \
+        [e["test_accuracy"] for e in ref["metrics"]["per_epoch"]]
+
+
+def test_dgs_round_robin_killed_mid_run_resumes_like_uninterrupted(tmp_path, reference_dgs):
+    """The asynchronous DGS server (momentum M, v) and workers come back from the checkpoint of an epoch's end;
+    with --round-robin the resumed run is bit-exact with the uninterrupted one."""
+    _killed_once(DGS, tmp_path, reference_dgs)
+
+
+def test_dct_mp_pipeline_killed_mid_run_resumes_like_uninterrupted(tmp_path, reference_mp):
+    """A 2-stage dct-mp pipeline (each stage's parameters, optimizer and DCT-MP thresholds checkpointed)
+    SIGKILLed mid-run ends exactly where the uninterrupted run does."""
+    _killed_once(MP, tmp_path, reference_mp)
 
 
 @pytest.mark.parametrize("args, message", [
