@@ -4,6 +4,8 @@ sum over ranks of the pending update is the same to float tolerance; what cannot
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from conftest import SelfComm
@@ -17,7 +19,7 @@ LAYOUT = FusionLayout([("a", (40, 10)), ("b", (250,)), ("c", (3,))])
 CASES = [("topk", {}, True), ("randomk", {}, True), ("threshold", {}, True), ("threshold", {"threshold": 0.3}, True),
          ("gtopk", {}, True), ("dct", {}, True), ("deft", {}, True), ("dgc", {"momentum": 0.9}, True),
          ("dgc", {"momentum": 0.9}, False), ("cltk", {}, True), ("cltk", {"beta": 0.5}, True), ("dense", {}, True),
-         ("topk", {}, False)]
+         ("topk", {}, False), ("powersgd", {}, True), ("powersgd", {}, False), ("oktopk", {}, True)]
 
 
 class RankComm(SelfComm):
@@ -49,6 +51,11 @@ def old_world(name, opts, memory, world=4):
         if name == "dct":
             s.taus = [0.1 * (r + 1)] * len(LAYOUT)
             s.recomputed_at = [0]
+        if name == "powersgd":  # warm start: the same Q and draws on every rank
+            s._draw_q()
+        if name == "oktopk":  # a local threshold of its own; the world's global threshold and boundaries
+            s.local_threshold, s.global_threshold = 0.1 * (r + 1), 0.7
+            s.bounds = np.linspace(0, LAYOUT.n, world + 1).astype(np.int64)
         parts.append({"scheme": s.state_dict(), "loop_losses": [float(r), float(r) + 0.5]})
     return parts
 
@@ -59,8 +66,10 @@ def old_world(name, opts, memory, world=4):
 def test_the_pending_update_is_kept_at_another_world_size(name, opts, memory, new_world):
     parts = old_world(name, opts, memory)
     before = pending_update(parts)
-    assert before or name == "dense" or (name == "topk" and not memory)
-    new = redistribute(parts, new_world)
+    assert before or name == "dense" or (name in ("topk", "powersgd") and not memory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no case is reset with the warning: every scheme's state has a rule
+        new = redistribute(parts, new_world)
     assert len(new) == new_world
     schemes = [make(name, opts, memory, j, new_world) for j in range(new_world)]
     for s, part in zip(schemes, new):
@@ -77,6 +86,14 @@ def test_the_pending_update_is_kept_at_another_world_size(name, opts, memory, ne
         assert all(s.taus is None and s.recomputed_at == [0] for s in schemes)  # recomputed at the next step
     if name == "cltk":
         assert all(s.beta == opts.get("beta", 1.0) for s in schemes)
+    if name == "powersgd":  # Q identical on every old rank: carried over; the stream continues where it was
+        q = parts[0]["scheme"]["extra"]["q"]
+        fresh = np.random.RandomState(1)
+        second = [fresh.randint(10**9) for _ in range(2)][1]
+        assert all(s.draws == 1 and np.array_equal(s._q, q) and s._seeds.randint(10**9) == second for s in schemes)
+    if name == "oktopk":  # dropped: the first step after the resume estimates all three again
+        assert all(s.local_threshold is None and s.global_threshold is None and s.bounds is None and s._estimating()
+                   for s in schemes)
     assert new[0]["loop_losses"] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
     assert all(p["loop_losses"] == [] for p in new[1:])
 

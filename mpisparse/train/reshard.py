@@ -13,7 +13,13 @@ tolerance).  Keeping ``sum_i e_i`` instead would scale the pending update
 by ``W / W'``.  Per scheme (its memory's buffers, :mod:`mpisparse.schemes`):
 
 * plain error feedback (``topk``, ``randomk``, ``threshold``, ``gtopk``,
-  ``dct``, ``deft``): the residual, as above;
+  ``dct``, ``deft``, ``oktopk``): the residual, as above;
+* ``powersgd``: the residual ``e = acc - output``, as above (the output is
+  the ranks' mean, so ``(1/W) sum_i e_i`` is what is still pending); its
+  warm-start ``Q`` factors and the count of random draws are the same on
+  every rank (allreduced; one seeded stream) and do not depend on ``W``:
+  carried over as they are, so the next step's power iteration starts from
+  the saved ``Q``;
 * ``dgc``: both the accumulated velocity ``v`` (the pending update) and the
   local momentum ``u`` (what momentum correction will still add to ``v``)
   are averaged, so the mean of each, and with it the mean dynamics of
@@ -26,7 +32,13 @@ What cannot carry over.  Per-rank statistics that differ between the old
 ranks: ``threshold``'s calibrated ``tau`` and ``dct``'s per-layer thresholds
 (each rank's own quantile of its own error-compensated gradient) belong to
 no new rank; they are dropped (:data:`RECOMPUTED`) and each new rank
-recomputes its own at its first step, as a fresh run does.  Values all old
+recomputes its own at its first step, as a fresh run does.  ``oktopk``'s
+local threshold is such a statistic; its global threshold and region
+boundaries are the same on every old rank but estimate the old world (the
+``k``-th largest of sums over ``W`` ranks' offers, ``W`` regions): they are
+dropped whatever the ranks hold (:data:`WORLD_ESTIMATES`), and the first step
+after the resume is an estimation step (exact top-k, boundaries, global
+threshold), as a fresh run's first step is.  Values all old
 ranks agree on (a ``--threshold`` given on the command line, ``beta``, the
 iteration and with it the leader cycle ``t mod W'``) carry over.  A
 scheme whose state holds anything else that differs between ranks, or a
@@ -48,12 +60,15 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-__all__ = ["MEAN_BUFFERS", "RECOMPUTED", "gather_parts", "pending_update", "redistribute", "summarize"]
+__all__ = ["MEAN_BUFFERS", "RECOMPUTED", "WORLD_ESTIMATES", "gather_parts", "pending_update", "redistribute",
+           "summarize"]
 
 #: memory buffers that are error-feedback mass (linear in what is pending): averaged over the old ranks
 MEAN_BUFFERS = ("residual", "u", "v")
 #: per-rank statistics that are recomputed by each new rank (dropped when the old ranks differ)
-RECOMPUTED = {"threshold": ("tau",), "dct": ("taus",)}
+RECOMPUTED = {"threshold": ("tau",), "dct": ("taus",), "oktopk": ("local_threshold",)}
+#: estimates of the old world's sums or regions, agreed by its ranks: always dropped and re-estimated
+WORLD_ESTIMATES = {"oktopk": ("global_threshold", "bounds")}
 #: extra state naming the rank that saved it (DGC checks it on load): each new rank's own number
 RANK_KEYS = ("rank",)
 
@@ -128,6 +143,8 @@ def _new_state(sums: dict[str, np.ndarray], small: list[dict[str, Any]], old_wor
         values = [r.get("extra", {}).get(key) for r in rests]
         if key in RANK_KEYS:
             extra[key] = None  # set per new rank by _rank_part
+        elif key in WORLD_ESTIMATES.get(name, ()):
+            extra[key] = None  # an estimate of the old world: re-estimated at the next step
         elif _agreed(values):
             extra[key] = values[0]
         elif key in RECOMPUTED.get(name, ()):

@@ -25,8 +25,10 @@ from mpisparse.train.loop import CollectiveStep, run_training
 from mpisparse.train.reshard import pending_update
 
 #: one of each kind of state (tests/test_reshard.py redistributes every scheme's state without MPI): a residual,
-#: DGC's u and v, CLT-k's low-pass memory, DCT's per-rank thresholds (dropped, recomputed)
-SCHEMES = [("topk", {}), ("dgc", {"momentum": 0.9}), ("cltk", {"beta": 0.5}), ("dct", {"lifespan": 4})]
+#: DGC's u and v, CLT-k's low-pass memory, DCT's per-rank thresholds (dropped, recomputed), PowerSGD's warm-start Q
+#: (the same on every rank: carried over), Ok-Topk's thresholds and boundaries (dropped, re-estimated)
+SCHEMES = [("topk", {}), ("dgc", {"momentum": 0.9}), ("cltk", {"beta": 0.5}), ("dct", {"lifespan": 4}),
+           ("powersgd", {}), ("oktopk", {"tau": 4})]
 
 comm = Communicator()
 W, rank = comm.size, comm.rank
@@ -55,6 +57,7 @@ for name, opts in SCHEMES:
                 _resume(open_checkpoint(sub, cfg2), step, LoopState())
             if sub.rank == 0:
                 assert any("redistributed" in str(w.message) for w in said), [str(w.message) for w in said]
+                assert not any("is reset" in str(w.message) for w in said), [str(w.message) for w in said]
             memory = step.dopt.scheme.memory
             for buf, mass in before.items():
                 mine = getattr(memory, buf)
