@@ -137,6 +137,9 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
     if not (resume or overwrite_checkpoint):
         _refuse_existing_checkpoints(cfgs)
     usage_restarts(max_restarts, min_ranks, nprocs, checkpoint_dir, launcher)
+    if min_ranks is not None and any(train_runtime(c).name != "collective" for c in cfgs):
+        raise click.UsageError("--min-ranks restarts on fewer ranks, and a pipeline or parameter-server checkpoint "
+                               "resumes only on the ranks that wrote it: drop --min-ranks")
     if _torchrun(launcher, nprocs, cfgs):
         comm = open_torch_dist(device, cfgs)
     else:

@@ -143,6 +143,10 @@ def test_dct_mp_pipeline_killed_mid_run_resumes_like_uninterrupted(tmp_path, ref
     (["--max-restarts", "1"], "--max-restarts needs --checkpoint DIR"),
     (["--min-ranks", "1"], "--min-ranks applies to restarts: add --max-restarts N"),
     (["--max-restarts", "1", "--checkpoint", "{tmp}/ck", "--min-ranks", "4"], "--min-ranks is 4; allowed range is"),
+    (["--max-restarts", "1", "--checkpoint", "{tmp}/ck", "--min-ranks", "2", "--scheme", "slimdp"],
+     "a pipeline or parameter-server checkpoint resumes only on the ranks that wrote it"),
+    (["--max-restarts", "1", "--checkpoint", "{tmp}/ck", "--min-ranks", "1", "--mp-stages", "3", "--scheme", "dct-mp"],
+     "--min-ranks restarts on fewer ranks"),
 ])
 def test_restart_options_that_cannot_work_are_one_line(args, message, tmp_path):
     from mpisparse.cli import cli
