@@ -113,7 +113,7 @@ def test_resume_at_another_world_size_redistributes_residuals_with_a_notice(tmp_
 
 
 def test_save_at_4_resume_at_2_and_3_keeps_the_pending_mass_and_trains_on():
-    """tests/mpi/check_reshard.py, in the 4-rank job of the torch cases: topk, dgc, cltk, dct, powersgd, oktopk
+    """tests/mpi/check_reshard.py, in the 4-rank job of the torch cases: dgc, cltk, powersgd, oktopk
     saved by 4 ranks, resumed by 2 and by 3; (1/W') sum_j e'_j = (1/W) sum_i e_i per memory buffer after the resume;
     the second epoch trains."""
     rank_case("reshard", 4, family=TORCH_CASES)

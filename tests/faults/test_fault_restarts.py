@@ -127,12 +127,14 @@ def _killed_once(args, tmp_path, ref):
         [e["test_accuracy"] for e in ref["metrics"]["per_epoch"]]
 
 
+@pytest.mark.slow  # CI runs it in the slow pass; the slimdp restart test above stays in the default suite
 def test_dgs_round_robin_killed_mid_run_resumes_like_uninterrupted(tmp_path, reference_dgs):
     """The asynchronous DGS server (momentum M, v) and workers come back from the checkpoint of an epoch's end;
     with --round-robin the resumed run is bit-exact with the uninterrupted one."""
     _killed_once(DGS, tmp_path, reference_dgs)
 
 
+@pytest.mark.slow
 def test_dct_mp_pipeline_killed_mid_run_resumes_like_uninterrupted(tmp_path, reference_mp):
     """A 2-stage dct-mp pipeline (each stage's parameters, optimizer and DCT-MP thresholds checkpointed)
     SIGKILLed mid-run ends exactly where the uninterrupted run does."""
