@@ -3,6 +3,7 @@ refusals (one line, exit 2, before MPI starts)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -74,6 +75,8 @@ def test_quick_form_on_two_emulated_hosts(tmp_path):
     (["--scheme", "powersgd", "--wire-dtype", "float16"], "scheme 'powersgd' sends float32 values only"),
     (["--scheme", "dense", "--matrix-approximation-rank", "2"], "is an option of powersgd"),
     (["--density", "0"], "--density"),
+    (["--device", "cuda"] if importlib.util.find_spec("cupy") is None else ["--device", "tpu"],
+     "--device cuda is not usable here" if importlib.util.find_spec("cupy") is None else "'tpu' is not one of"),
 ])
 def test_bad_input_is_one_line_before_mpi(args, message):
     r = CliRunner().invoke(cli, ["bench", "tta", *args])

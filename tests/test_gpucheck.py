@@ -13,8 +13,10 @@ def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     assert names[:13] == ["gpu-tests", "info", "select", "select-deft", "fixed-cost", "step-torch-peer", "step",
                           "step-hier", "step-cpu-16", "step-cpu-16-gradient", "torchrun-cuda", "impi-info",
                           "impi-step"]
-    assert names[13:-1] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
-    assert names[-1] == "select-sweep"
+    assert names[13:-2] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
+    assert names[-2:] == ["tta-cuda", "select-sweep"]
+    tta = next(c for c in checks if c.name == "tta-cuda")
+    assert tta.argv[tta.argv.index("--device") + 1] == "cuda" and "--quick" in tta.argv
     mem = next(c for c in checks if c.name == "step-cpu-16")
     assert mem.argv[mem.argv.index("-n") + 1] == "16" and "--device" not in mem.argv
     into = next(c for c in checks if c.name == "step-cpu-16-gradient")

@@ -158,6 +158,10 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3, impi_pytho
             checks.append(Check(name, [*ms, "train", "-n", "2", "--device", device, "--scheme", s, "--density",
                                        "0.01", "--epochs", str(epochs), "--seed", "0", "--json", j(name)],
                                 json=j(name), timeout=150))
+    # issue 36 item 4: time to accuracy with the whole step on the GPU (the quick form: dense-opt against topk)
+    checks.append(Check("tta-cuda", [*ms, "bench", "tta", "-n", "2", "--device", "cuda", "--quick", "--scheme",
+                                     "dense-opt", "--scheme", "topk", "--json", j("tta-cuda")],
+                        json=j("tta-cuda"), timeout=300))
     # which exact top-k is faster where: the rows of cupy_select.AUTO_TABLE (measured on an H200 already)
     checks.append(Check("select-sweep", [*ms, "bench", "select", "--backend", "cupy", "--sizes", SWEEP_SIZES,
                                          "--densities", SWEEP_DENSITIES, "--repeats", "10",

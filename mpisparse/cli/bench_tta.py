@@ -12,7 +12,8 @@ import socket
 
 import click
 
-from ..config import TrainConfig
+from ..config import DEVICES, TrainConfig
+from ..mpi.device import check_device_usable
 from ..runtimes import schemes_of
 from . import output
 from .options import (SectionedCommand, check_plot, mpi_options, pick_scheme_options, progress_options,
@@ -48,6 +49,8 @@ _QUICKABLE = ("model", "target", "max_steps", "eval_every")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.05, show_default=True)
 @click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+              help="cuda: each rank's whole step on its GPU (as train --device cuda); needs CuPy and a CUDA torch.")
 @click.option("--baseline-wire", type=click.Choice(["float16", "bfloat16"]), default="float16", show_default=True,
               help=f"The wire dtype of {_BASELINE}.")
 @click.option("--quick", is_flag=True,
@@ -60,7 +63,7 @@ _QUICKABLE = ("model", "target", "max_steps", "eval_every")
 @scheme_options(schemes_of("collective"), exclude=("momentum",))
 @progress_options
 def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, max_steps, eval_every, density, batch_size,
-              lr, momentum, seed, baseline_wire, quick, json_path, plot_path, progress_interval=10.0,
+              lr, momentum, seed, device, baseline_wire, quick, json_path, plot_path, progress_interval=10.0,
               no_progress=False, **scheme_opts) -> None:
     """Time to accuracy: train one model with each scheme until a target test accuracy or a step budget.
 
@@ -86,17 +89,19 @@ def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, max_steps
     runs = tta.plan_runs(names, pick_scheme_options(registered, scheme_opts), baseline_wire)
     cfgs = [validated(TrainConfig(model=model, data=data, data_dir=data_dir, scheme=r.scheme, density=density,
                                   epochs=1, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
-                                  scheme_options=dict(r.options), overlap=r.overlap, max_skipped_steps=0), nprocs)
+                                  scheme_options=dict(r.options), overlap=r.overlap, max_skipped_steps=0,
+                                  device=device), nprocs)
             for r in runs]
     if data == "cifar10" and not os.path.isdir(data_dir or ""):
         raise click.UsageError(f"--data-dir {data_dir!r} is not a directory")
     check_plot(plot_path)
+    usage(check_device_usable, device, need_torch=True)
     maybe_relaunch(nprocs, timeout)
 
     from ..results.files import write_json
     from ..results.provenance import gather_provenance
 
-    comm = open_comm(nprocs, configs=cfgs)
+    comm = open_comm(nprocs, configs=cfgs, gpu=device == "cuda")
     rows = []
     for run, cfg in zip(runs, cfgs):
         if comm.rank == 0:
