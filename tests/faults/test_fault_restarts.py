@@ -5,7 +5,7 @@ The runs: ``slimdp`` on 3 ranks (2 workers, 1 server: synchronous), killed twice
 ranks (asynchronous, but the server takes the pushes in a fixed turn, so its arithmetic is reproducible) and a
 2-stage ``dct-mp`` pipeline on 2 ranks (synchronous), each killed once.  Every resumed run must end exactly where
 its uninterrupted run does.  The rank killed is found from the test side (its environment holds the job's mark and
-``PMI_RANK=1``) and sent SIGKILL once a new checkpoint exists: no test hook in mpisparse.
+``PMI_RANK=1`` under MPICH, ``OMPI_COMM_WORLD_RANK=1`` under Open MPI) and sent SIGKILL once a new checkpoint exists: no test hook in mpisparse.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="s
               pytest.mark.timeout(300)]
 
 PS = ["train", "-n", "3", "--servers", "1", "--scheme", "slimdp", "--density", "0.2", "--model", "mlp",
-      "--data", "digits", "--lr", "0.05", "--batch-size", "64", "--seed", "2", "--epochs", "6"]
+      "--data", "digits", "--lr", "0.05", "--batch-size", "32", "--seed", "2", "--epochs", "6"]
 #: small batches, so an epoch (one checkpoint) takes long enough for the kill to land before the end
 DGS = ["train", "-n", "3", "--servers", "1", "--scheme", "dgs", "--round-robin", "--density", "0.1", "--model",
        "mlp", "--data", "digits", "--lr", "0.05", "--batch-size", "16", "--seed", "2", "--epochs", "4"]
@@ -59,7 +59,8 @@ def _rank_pid(job_id: str, rank: int) -> int | None:
                 env = f.read() + b"\0"
         except OSError:
             continue
-        if f"\0PMI_RANK={rank}\0".encode() in b"\0" + env:
+        # MPICH's Hydra sets PMI_RANK; Open MPI sets OMPI_COMM_WORLD_RANK (and PMIX_RANK)
+        if any(f"\0{var}={rank}\0".encode() in b"\0" + env for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")):
             return pid
     return None
 
