@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_emucluster import WHY_NOT as CLUSTER_WHY_NOT
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU = str(ROOT / "bin" / "emucluster")
@@ -37,24 +37,14 @@ EPOCHS = 2 if QUICK else 4
 
 
 def _why_not() -> str | None:
-    """None when emulated hosts with impaired links can run here, else why not."""
-    if not sys.platform.startswith("linux"):
-        return "Linux only"
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, TAP devices, tc)"
-    from mpisparse.mpi.launch import find_mpiexec, launcher_flavor
-
-    if launcher_flavor(find_mpiexec()) != "mpich":
-        return "bin/emucluster drives MPICH's Hydra launcher (-launcher rsh); this environment's mpiexec is not Hydra"
-    for tool in ("ip", "tc", "unshare", "flock", "setsid"):
-        if shutil.which(tool) is None:
-            return f"needs {tool}"
+    """None when emulated hosts with impaired links can run here, else why not: what the emulated cluster
+    needs (tests/test_emucluster.py), plus setsid and the relay's TAP devices."""
+    if CLUSTER_WHY_NOT is not None:
+        return CLUSTER_WHY_NOT
+    if shutil.which("setsid") is None:
+        return "needs setsid"
     if not os.path.exists("/dev/net/tun"):
         return "needs /dev/net/tun (the relay's TAP devices where the kernel has no sch_netem)"
-    name = f"mpisparse-probe-{os.getpid()}"
-    if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode != 0:
-        return "ip netns add is not permitted here"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
     return None
 
 
