@@ -274,7 +274,8 @@ def test_cuda_without_cupy_is_one_usage_line_before_mpi(monkeypatch):
     from mpisparse.cli.main import cli
 
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
-    for args in (["bench", "step", "--device", "cuda", "--model", "ncf"], ["train", "--device", "cuda"]):
+    for args in (["bench", "step", "--device", "cuda", "--model", "ncf"], ["train", "--device", "cuda"],
+                 ["bench", "overlap", "--device", "cuda"]):
         res = CliRunner().invoke(cli, args)
         assert res.exit_code == 2, res.output
         assert "--device cuda is not usable here: CuPy is not installed" in res.output

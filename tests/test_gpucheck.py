@@ -10,10 +10,12 @@ from mpisparse.bench.gpucheck import STEP_SCHEMES, Check, plan, run_check, summa
 def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     checks = plan(tmp_path, python="python")
     names = [c.name for c in checks]
-    assert names[:13] == ["gpu-tests", "info", "select", "select-deft", "fixed-cost", "step-torch-peer", "step",
-                          "step-hier", "step-cpu-16", "step-cpu-16-gradient", "torchrun-cuda", "impi-info",
-                          "impi-step"]
-    assert names[13:-2] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
+    assert names[:14] == ["gpu-tests", "info", "select", "select-deft", "fixed-cost", "step-torch-peer",
+                          "library-cuda", "step", "step-hier", "step-cpu-16", "step-cpu-16-gradient", "torchrun-cuda",
+                          "impi-info", "impi-step"]
+    lib = next(c for c in checks if c.name == "library-cuda")
+    assert lib.argv[lib.argv.index("overlap") - 1] == "bench" and lib.argv[lib.argv.index("--device") + 1] == "cuda"
+    assert names[14:-2] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
     assert names[-2:] == ["tta-cuda", "select-sweep"]
     tta = next(c for c in checks if c.name == "tta-cuda")
     assert tta.argv[tta.argv.index("--device") + 1] == "cuda" and "--quick" in tta.argv

@@ -28,6 +28,9 @@ present (and mpisparse importable).  In one run it executes
     (``python -m mpisparse.bench.fixed_cost``);
 12. ``bench step -n 2 --device cuda --torch-peer``: the toolkit's topk step
     beside the same exchange in plain PyTorch, per phase;
+12b. ``bench overlap -n 2 --device cuda`` (``library-cuda``): what
+    ``DistributedOptimizer.step()`` adds beside a local optimizer step and
+    one device copy of the gradient, and the overlap on the GPU;
 13. with ``MPISPARSE_IMPI_PYTHON`` (the Python of a venv holding mpi4py and
     ``impi-rt``): ``info`` and ``bench step --device cuda`` under Intel MPI
     with ``I_MPI_OFFLOAD=1``: the CUDA-aware run (staging copies 0);
@@ -118,6 +121,10 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3, impi_pytho
         Check("step-torch-peer", [*ms, "bench", "step", "-n", "2", "--device", "cuda", "--model", "resnet50",
                                   "--scheme", "topk", "--torch-peer", "--density", "0.01", "--iters", "10",
                                   "--json", j("step-torch-peer")], json=j("step-torch-peer"), timeout=180),
+        # issue 34 item 6 on the GPU path: what DistributedOptimizer.step() adds beside a local step and one copy
+        Check("library-cuda", [*ms, "bench", "overlap", "-n", "2", "--device", "cuda", "--model", "resnet18",
+                               "--scheme", "dense", "--scheme", "topk", "--layerwise", "--iters", "10",
+                               "--warmup", "3", "--json", j("library-cuda")], json=j("library-cuda"), timeout=180),
         Check("step", [*ms, "bench", "step", "-n", "2", "--device", "cuda", "--model", "resnet50",
                        *schemes(STEP_SCHEMES), "--density", "0.01", "--iters", "10", "--json", j("step")],
               json=j("step"), timeout=240),

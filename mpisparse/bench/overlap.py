@@ -29,6 +29,11 @@ parameter check -- and the wrapped optimizer's step; beside it, the
 ``compute`` way's local optimizer step and one copy of a gradient-sized
 float32 vector (NumPy, into a vector allocated once), both timed in the
 same loop. ``library_copies`` is ``(library - local step) / copy``.
+
+``device`` (a :class:`torch.device`): where the net, the batches and the
+gradients live; on a GPU the step's boundaries synchronise the device, so
+each interval holds its kernels, and the copy is a device-to-device copy of
+a gradient-sized float32 tensor.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ INPUT_SHAPE = (3, 32, 32)
 
 
 def _way(comm, model: str, *, scheme: str | None, density: float, options: dict[str, Any], overlap: bool,
-         batch: int, bucket_cap_mb: float, seed: int):
+         batch: int, bucket_cap_mb: float, seed: int, device=None):
     """A net, this rank's batch and its optimizer (``scheme`` None: the local optimizer, no exchange)."""
     import torch
 
@@ -57,6 +62,8 @@ def _way(comm, model: str, *, scheme: str | None, density: float, options: dict[
     g = torch.Generator().manual_seed(seed + 1000 + comm.rank)
     x = torch.randn(batch, *INPUT_SHAPE, generator=g)
     y = torch.randint(0, 10, (batch,), generator=g)
+    if device is not None:
+        net, x, y = net.to(device), x.to(device), y.to(device)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
     if scheme is not None:
         opt = DistributedOptimizer(opt, named_parameters=net.named_parameters(), comm=comm, scheme=scheme,
@@ -66,34 +73,46 @@ def _way(comm, model: str, *, scheme: str | None, density: float, options: dict[
 
 
 def time_ways(comm, model: str, *, scheme: str, density: float, options: dict[str, Any], batch: int, iters: int,
-              warmup: int, bucket_cap_mb: float, seed: int) -> dict[str, Any]:
+              warmup: int, bucket_cap_mb: float, seed: int, device=None) -> dict[str, Any]:
     """This rank's median step time of each way (``compute``, ``plain``, ``overlap``), the ways taking turns
     step by step so that a change of the machine's load falls on all three alike."""
     import torch
 
     ways = {name: _way(comm, model, scheme=s, density=density, options=options, overlap=name == "overlap",
-                       batch=batch, bucket_cap_mb=bucket_cap_mb, seed=seed)
+                       batch=batch, bucket_cap_mb=bucket_cap_mb, seed=seed, device=device)
             for name, s in (("compute", None), ("plain", scheme), ("overlap", scheme))}
+    on_gpu = device is not None and device.type == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in ways}
     sent = {name: 0 for name in ways}
     plain = ways["plain"][3]
     scheme_sw, wait_sw = _Stopwatch(plain.scheme, "step"), _Stopwatch(plain, "_all_finite")
-    src = np.ones(plain.layout.n, dtype=np.float32)
-    dst = np.zeros_like(src)
+    if on_gpu:
+        src = torch.ones(plain.layout.n, dtype=torch.float32, device=device)
+        dst = torch.zeros_like(src)
+        copy = dst.copy_
+    else:
+        src = np.ones(plain.layout.n, dtype=np.float32)
+        dst = np.zeros_like(src)
+        copy = lambda a: np.copyto(dst, a)  # noqa: E731
     lib: dict[str, list[float]] = {k: [] for k in ("opt_step", "scheme", "wait", "local_step", "copy")}
     for it in range(warmup + iters):
         for name, (net, x, y, opt) in ways.items():
+            sync()
             comm.barrier()
             b0 = _bytes(opt)
             t0 = time.perf_counter()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x), y).backward()
             scheme_sw.seconds = wait_sw.seconds = 0.0
+            sync()
             t1 = time.perf_counter()
             opt.step()
+            sync()
             t2 = time.perf_counter()
             if name == "compute":
-                np.copyto(dst, src)  # one gradient copy, in the same loop
+                copy(src)  # one gradient copy, in the same loop
+                sync()
                 t3 = time.perf_counter()
             if it >= warmup:
                 times[name].append(t2 - t0)
@@ -141,12 +160,16 @@ def _bytes(opt) -> int:
 
 
 def run_overlap(comm, *, model: str, schemes: list[tuple[str, dict[str, Any]]], density: float, batch: int,
-                iters: int, warmup: int, bucket_cap_mb: float, seed: int, progress=None) -> dict[str, Any]:
+                iters: int, warmup: int, bucket_cap_mb: float, seed: int, progress=None,
+                device: str = "cpu") -> dict[str, Any]:
     """Every scheme's three ways; the same on every rank (the slowest rank's medians)."""
+    from ..mpi.device import torch_device
+
+    dev = torch_device(device, comm)
     rows = []
     for name, opts in schemes:
         facts = time_ways(comm, model, scheme=name, density=density, options=opts, batch=batch, iters=iters,
-                          warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed)
+                          warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed, device=dev)
         everyone = comm.allgather_obj(facts)
         compute, plain, over = (max(f[w] for f in everyone) for w in ("compute", "plain", "overlap"))
         exchange = plain - compute
@@ -161,7 +184,8 @@ def run_overlap(comm, *, model: str, schemes: list[tuple[str, dict[str, Any]]], 
                      "started_in_backward_per_step": facts["started_in_backward"] / (warmup + iters)})
         if progress is not None:
             progress(name)
-    return {"command": "bench overlap", "model": model, "density": density, "batch": batch, "iters": iters,
+    return {"command": "bench overlap", "model": model, "device": device, "density": density, "batch": batch,
+            "iters": iters,
             "warmup": warmup, "bucket_cap_mb": bucket_cap_mb, "world_size": comm.size, "seed": seed,
             "rows": rows}
 
@@ -207,7 +231,8 @@ def format_overlap(res: dict[str, Any]) -> str:
             Column("overlap_ms", "overlapped (ms)", "{:.1f}"), Column("speedup", "speedup", "{:.2f}x"),
             Column("hidden", "exchange hidden", pct), Column("buckets", "buckets", "{}"),
             Column("bytes_plain", "bytes/rank/step", "{:,.0f}")]
-    title = (f"bench overlap: {res['model']}, batch {res['batch']}, W={res['world_size']}, density "
+    title = (f"bench overlap: {res['model']} on {res.get('device', 'cpu')}, batch {res['batch']}, "
+             f"W={res['world_size']}, density "
              f"{res['density']}, bucket cap {res['bucket_cap_mb']} MB, median of {res['iters']} steps (slowest rank)")
     text = format_rows(rows, cols, title=title)
     return text + "\n\n" + format_library(res) if any("library_ms" in r for r in res["rows"]) else text

@@ -162,11 +162,13 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
 @click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True), default=25.0, show_default=True,
               help="Least size of a bucket (MB of float32 gradients).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the net and the batches.")
+@click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
+              help="cuda: the net, the batches and the exchange on each rank's GPU (by local rank); needs CuPy.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="Write the rows (and provenance) to this file.")
 @scheme_options(OVERLAP_SCHEMES)
-def bench_overlap(nprocs, timeout, model, schemes, density, batch, iters, warmup, bucket_cap_mb, seed, json_path,
-                  **scheme_opts) -> None:
+def bench_overlap(nprocs, timeout, model, schemes, density, batch, iters, warmup, bucket_cap_mb, seed, device,
+                  json_path, **scheme_opts) -> None:
     """Step time with the exchange after backward vs overlapped with it (gradient hooks), side by side."""
     from ..torch.overlap import overlap_refusal
 
@@ -178,16 +180,18 @@ def bench_overlap(nprocs, timeout, model, schemes, density, batch, iters, warmup
         if why is not None:
             raise click.UsageError(why.replace("overlap=True: ", "").replace("layerwise=True", "--layerwise")
                                    .replace("a fixed threshold", "--threshold T"))
+    usage(check_device_usable, device, need_torch=True)
     maybe_relaunch(nprocs, timeout)
 
     from ..bench.overlap import format_overlap, run_overlap
     from ..results.files import write_json
     from ..results.provenance import gather_provenance
 
-    comm = open_comm(nprocs)
+    comm = open_comm(nprocs, gpu=device == "cuda")
     say = (lambda name: click.echo(f"{name}: done", err=True)) if comm.rank == 0 else None
     res = run_overlap(comm, model=model, schemes=[(s, per_scheme[s]) for s in schemes], density=density,
-                      batch=batch, iters=iters, warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed, progress=say)
+                      batch=batch, iters=iters, warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed, progress=say,
+                      device=device)
     prov = gather_provenance(comm)
     if comm.rank == 0:
         click.echo(format_overlap(res))
