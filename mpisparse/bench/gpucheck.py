@@ -68,7 +68,7 @@ ACCURACY_POINTS = 0.5
 #: peak resident memory per rank, in gradient buffers, a scheme may take (the performance issue's target)
 MEMORY_MULTIPLE = 4.5
 #: every data-parallel scheme: each runs a device-resident ``bench step`` and trains on the device and the CPU
-STEP_SCHEMES = ("dense", "topk", "randomk", "threshold", "cltk", "deft", "dct", "gtopk", "dgc")
+STEP_SCHEMES = ("dense", "topk", "randomk", "threshold", "cltk", "deft", "dct", "gtopk", "dgc", "powersgd", "oktopk")
 TRAIN_SCHEMES = STEP_SCHEMES
 #: the memory check's order with the update written into the gradient: dgc (4 buffers) first
 MEMORY_ORDER = ("dgc", *(s for s in STEP_SCHEMES if s != "dgc"))
