@@ -148,3 +148,11 @@ def test_only_names_known_checks_and_deadline_skips(tmp_path, monkeypatch):
     assert ran == []
     md = (tmp_path / "c" / "gpu-check.md").read_text()
     assert "| gpu-tests | skipped: past --deadline -1 s |" in md
+
+
+def test_the_checks_run_in_the_checkout_root():
+    from mpisparse.bench.gpucheck import repo_root
+
+    root = repo_root()
+    assert (root / "tests").is_dir() and (root / "mpisparse" / "__init__.py").is_file()
+    assert not (root / "torch").exists()  # from inside the package `import torch` would find mpisparse/torch

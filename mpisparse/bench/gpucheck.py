@@ -395,6 +395,12 @@ def _gpu_missing() -> str | None:
     return None
 
 
+def repo_root() -> Path:
+    """The checkout the checks run in (``pytest tests`` and ``python -m`` resolve from there; run from inside
+    the package, ``import torch`` would find ``mpisparse/torch``)."""
+    return Path(__file__).resolve().parents[2]
+
+
 def run_check(c: Check, cwd: Path) -> tuple[int, float, str]:
     """Run one check's command: its exit code (124 past its timeout), seconds and whole output.
 
@@ -440,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if names:
         checks = [c for c in checks if c.name in names]
-    root = Path(__file__).resolve().parents[1]
+    root = repo_root()
     results: dict[str, Any] = {}
     start = time.monotonic()
     for c in checks:
