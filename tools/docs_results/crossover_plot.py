@@ -165,7 +165,7 @@ def plot(out: Path = OUT, tta_md: Path = TTA_MD) -> dict[str, Any]:
         ax.set_ylabel("seconds")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8, loc="center right", ncol=2)
+    axes[0].legend(fontsize=8, loc="upper right", bbox_to_anchor=(0.85, 1.0), ncol=2)
     axes[1].legend(fontsize=8, loc="upper right")
     commit, date = git_commit(ROOT), _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     machine = machine_info()
