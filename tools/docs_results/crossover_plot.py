@@ -157,15 +157,15 @@ def plot(out: Path = OUT, tta_md: Path = TTA_MD) -> dict[str, Any]:
         cross = cross_step if key == "step" else cross_tta
         if cross is not None and bws[0] < cross < bws[-1]:
             ax.axvline(_mbit(cross), color="grey", linestyle=":", linewidth=1)
-            ax.annotate(f"crossover {_mbit(cross):,.0f} Mbit/s", (_mbit(cross), 0.97), xycoords=("data", "axes fraction"),
-                        ha="right", va="top", fontsize=8, rotation=90, color="grey")
+            ax.annotate(f"crossover {_mbit(cross):,.0f} Mbit/s", (_mbit(cross), 0.5), xycoords=("data", "axes fraction"),
+                        ha="right", va="center", fontsize=8, rotation=90, color="grey")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("link bandwidth per host (Mbit/s)")
         ax.set_ylabel("seconds")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8, loc="upper right", bbox_to_anchor=(0.85, 1.0), ncol=2)
+    axes[0].legend(fontsize=8, loc="upper right", ncol=2)
     axes[1].legend(fontsize=8, loc="upper right")
     commit, date = git_commit(ROOT), _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
     machine = machine_info()
