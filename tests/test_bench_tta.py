@@ -101,6 +101,8 @@ def test_table_and_plot(tmp_path):
     text = format_tta(_res(False))
     assert NOT_REACHED in text and "52,268" in text and "hidden exch ms" in text and "1.00x" in text
     assert "compute is this machine's CPU" in text
+    on_gpu = format_tta({**_res(False), "device": "cuda"})
+    assert "compute is each rank's GPU" in on_gpu and "this machine's CPU" not in on_gpu
     assert "0.50x" in format_tta(_res(True))  # dense-opt 0.1 s to target, topk 0.2 s
     png = tmp_path / "tta.png"
     plot_tta(_res(True), str(png))

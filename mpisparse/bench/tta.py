@@ -65,6 +65,13 @@ QUICK = {"quick": {"model": "mlp", "target": 0.8, "max_steps": 40, "eval_every":
          "tiny": {"model": "mlp", "target": 0.5, "max_steps": 12, "eval_every": 4}}
 CPU_NOTE = ("compute is this machine's CPU (one thread per rank; on an emulated cluster all hosts share its "
             "cores): a GPU's compute is far shorter, so there the exchange weighs more")
+GPU_NOTE = ("compute is each rank's GPU (ranks of a host share its GPUs by local rank; with more ranks than GPUs "
+            "they share a GPU's time), the exchange staged through host memory unless the MPI is CUDA-aware")
+
+
+def compute_note(device: str) -> str:
+    """What the compute column measures on ``device`` (the table's closing note)."""
+    return GPU_NOTE if device == "cuda" else CPU_NOTE
 
 
 def check_target(target: float) -> float:
@@ -240,11 +247,11 @@ def format_tta(res: dict[str, Any]) -> str:
             Column("step_ms", "step ms", "{:.1f}"), Column("compute_ms", "compute ms", "{:.1f}"),
             Column("exposed_ms", "exposed exch ms", "{:.1f}"), Column("hidden_ms", "hidden exch ms", "{:.1f}"),
             Column("bytes_per_step", "bytes/rank/step", "{:,.0f}")]
-    title = (f"bench tta: {res['model']} on {res['data']}, W={res['world_size']}, target {100 * res['target']:.1f}% "
+    title = (f"bench tta: {res['model']} on {res['data']} ({res.get('device', 'cpu')}), W={res['world_size']}, target {100 * res['target']:.1f}% "
              f"test accuracy, budget {res['max_steps']} steps, evaluated every {res['eval_every']} steps, batch "
              f"{res['batch_size']}/rank, density {res['density']}; {BASELINE} = dense, "
              f"{res['baseline_wire_dtype']} wire, overlap")
-    return format_rows(rows, cols, title=title) + f"\nnote: {CPU_NOTE}."
+    return format_rows(rows, cols, title=title) + f"\nnote: {compute_note(res.get('device', 'cpu'))}."
 
 
 def plot_tta(res: dict[str, Any], path: str) -> None:

@@ -115,7 +115,8 @@ def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, max_steps
         res = {"command": "bench tta", "model": model, "data": data, "world_size": comm.size, "hosts": hosts,
                "target": target, "max_steps": max_steps, "eval_every": eval_every, "batch_size": batch_size,
                "lr": lr, "momentum": momentum, "density": density, "seed": seed, "baseline": tta.BASELINE,
-               "baseline_wire_dtype": baseline_wire, "quick": quick, "compute_note": tta.CPU_NOTE, "rows": rows,
+               "baseline_wire_dtype": baseline_wire, "quick": quick, "device": device,
+               "compute_note": tta.compute_note(device), "rows": rows,
                "provenance": prov}
         click.echo(tta.format_tta(res))
         write_json(json_path, res)
