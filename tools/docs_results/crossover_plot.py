@@ -157,7 +157,7 @@ def plot(out: Path = OUT, tta_md: Path = TTA_MD) -> dict[str, Any]:
         cross = cross_step if key == "step" else cross_tta
         if cross is not None and bws[0] < cross < bws[-1]:
             ax.axvline(_mbit(cross), color="grey", linestyle=":", linewidth=1)
-            ax.annotate(f"crossover {_mbit(cross):,.0f} Mbit/s", (_mbit(cross), 0.5), xycoords=("data", "axes fraction"),
+            ax.annotate(f"crossover {_mbit(cross):,.0f} Mbit/s", (_mbit(cross), 0.3), xycoords=("data", "axes fraction"),
                         ha="right", va="center", fontsize=8, rotation=90, color="grey")
         ax.set_xscale("log")
         ax.set_yscale("log")
