@@ -102,9 +102,9 @@ def decode(w, wire: str, out=None):
     xp = backend.array_module(w)
     if out is None:
         out = xp.empty(w.shape, dtype=xp.float32)
-    torch = sys.modules.get("torch")
-    if wire == "float16" and xp is np and torch is not None and out.flags.c_contiguous:
-        torch.from_numpy(out).copy_(torch.from_numpy(np.ascontiguousarray(w).view(np.int16)).view(torch.float16))
+    t = _torch_view(w, wire) if xp is np and out.flags.c_contiguous else None
+    if t is not None:  # one vectorised pass (NumPy's float16 casts and the bfloat16 shift are several)
+        sys.modules["torch"].from_numpy(out).copy_(t)
         return out
     if check(wire) == "bfloat16":
         u = out.view(xp.uint32)
@@ -156,19 +156,82 @@ def allreduce_sum(comm, x, wire: str, out=None):
     xp = backend.array_module(x)
     W = comm.size
     if W == 1:
-        out[...] = round_trip(x, wire)
-        return out
-    scale = xp.float32(W) if predivides(wire) else None
-    w = encode(x / scale if scale is not None else x, wire)
+        return decode(encode(x, wire), wire, out=out)
+    scale = W if predivides(wire) else None
+    w = _encode_divided(x, wire, scale)
     b = blocks(int(x.size), W)
     mine = int(b[comm.rank])
     recv, _ = comm.alltoallv(w, b, recvcounts=np.full(W, mine, dtype=np.int64))
-    part = decode(recv, wire).reshape(W, mine).sum(axis=0, dtype=xp.float32) if mine else xp.empty(0, xp.float32)
+    part = _sum_blocks(recv, wire, W, mine)
     summed, _ = comm.allgatherv(encode(part, wire), b)
     decode(summed, wire, out=out)
     if scale is not None:
-        out *= scale
+        out *= xp.float32(scale)
     return out
+
+
+def _torch_view(w, wire: str):
+    """Host 16-bit patterns ``w`` as a torch float16 / bfloat16 tensor sharing their memory (None: not a host
+    array, a 32-bit wire, or torch not loaded)."""
+    torch = sys.modules.get("torch")
+    if torch is None or check(wire) == "float32" or not isinstance(w, np.ndarray):
+        return None
+    t = torch.from_numpy(np.ascontiguousarray(w).view(np.int16))
+    return t.view(torch.float16 if wire == "float16" else torch.bfloat16)
+
+
+#: elements of one cache-sized piece of the host passes below (256 KiB of float32): torch's casts are
+#: vectorised but its arithmetic into a 16-bit output, or between a float32 and a 16-bit operand, is not, so
+#: the arithmetic runs in float32 on a piece that stays in cache and a vectorised cast follows it
+_PIECE = 1 << 16
+
+
+def _pieces(n: int):
+    for i in range(0, n, _PIECE):
+        yield slice(i, min(i + _PIECE, n))
+
+
+def _encode_divided(x, wire: str, scale: int | None):
+    """``encode(x / scale, wire)`` (``scale`` None: ``encode(x, wire)``).  Host float32 ``x`` with torch
+    loaded: piece by piece, the float32 quotient in a cache-sized buffer then one rounding to the wire type
+    (the same bits as dividing all of ``x`` first, without allocating and writing a float32 quotient of
+    it)."""
+    torch = sys.modules.get("torch")
+    if scale is None or torch is None or not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 1:
+        return encode(x / backend.array_module(x).float32(scale) if scale is not None else x, wire)
+    bits = np.empty(x.shape, dtype=np.uint16)
+    src, dst = torch.from_numpy(np.ascontiguousarray(x)), _torch_view(bits, wire)
+    tmp = torch.empty(min(_PIECE, x.size), dtype=torch.float32)
+    for p in _pieces(x.size):
+        q = tmp[: p.stop - p.start]
+        torch.div(src[p], scale, out=q)
+        dst[p].copy_(q)
+    return bits
+
+
+def _sum_blocks(recv, wire: str, world: int, mine: int):
+    """The float32 sum of the ``world`` 16-bit blocks of ``mine`` values each in ``recv``, added in rank order
+    (one rounding to float32 an addition: the values of ``decode(recv).reshape(world, mine).sum(axis=0)``; only
+    a sum of negative zeros differs, -0.0 here against NumPy's +0.0).
+    Host blocks with torch loaded: piece by piece, each block's piece decoded into a cache-sized buffer and
+    added, without decoding all of ``recv`` first."""
+    xp = backend.array_module(recv)
+    if not mine:
+        return xp.empty(0, xp.float32)
+    t = _torch_view(recv, wire)
+    if t is None:
+        return decode(recv, wire).reshape(world, mine).sum(axis=0, dtype=xp.float32)
+    torch = sys.modules["torch"]
+    part = np.empty(mine, dtype=np.float32)
+    acc, tmp = torch.from_numpy(part), torch.empty(min(_PIECE, mine), dtype=torch.float32)
+    rows = t.reshape(world, mine)
+    for p in _pieces(mine):
+        a, q = acc[p], tmp[: p.stop - p.start]
+        a.copy_(rows[0, p])
+        for r in range(1, world):
+            q.copy_(rows[r, p])
+            a.add_(q)
+    return part
 
 
 def allgather_values(comm, vals, counts, wire: str):
