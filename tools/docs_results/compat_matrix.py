@@ -143,7 +143,7 @@ def resume_cell(cls) -> str:
 
 def momentum_cell(cls) -> str:
     if getattr(cls, "provides_momentum", False):
-        return "its own (momentum correction); optimizer without"
+        return "its own (momentum correction; the optimizer runs without)"
     names = {o.name for o in cls.options}
     if "sam_momentum" in names:
         return "SAMomentum (`--sam-momentum`), lowered for asynchrony (`--async-momentum`)"
