@@ -163,3 +163,35 @@ def test_delivered_bandwidth_is_what_dense_exchange_carried(tmp_path):
     p.write_text(json.dumps([{"scheme": "topk", "exchange_seconds": 0.2, "bytes_sent_per_rank": 1.0}]))
     with pytest.raises(ValueError, match="no dense row"):
         adv.delivered_bandwidth(str(p))
+
+
+def test_a_mismatch_says_how_far_and_whether_it_is_within_the_noise():
+    from mpisparse.bench.advise_steps import step_samples
+
+    assert step_samples([[1.0, 3.0, 2.0], [2.0, 1.0, 2.5]]) == [2.0, 3.0, 2.5]  # each step's slowest rank
+    with pytest.raises(ValueError, match="every rank times as many"):
+        step_samples([[1.0], [1.0, 2.0]])
+    res = adv.advise(setting(), link(1e9))
+    pred = res["winner"]
+    rows = []
+    for r in res["rows"]:
+        t = 1.0 if r["scheme"] == pred else 2.0
+        rows.append({"scheme": r["scheme"], "step_seconds": t, "step_min_seconds": t - 0.1,
+                     "step_max_seconds": t + 0.1})
+    other = next(r for r in rows if r["scheme"] != pred)
+    other.update(step_seconds=0.95, step_min_seconds=0.9, step_max_seconds=1.2)  # faster median, ranges overlap
+    v = adv.validate(res, {"rows": rows})
+    assert not v["winner_agrees"] and v["measured_winner"] == other["scheme"]
+    assert v["gap"] == pytest.approx(1.0 / 0.95 - 1) and v["within_noise"] is True
+    assert "within the noise" in adv.format_validation(v)
+    other.update(step_seconds=0.5, step_min_seconds=0.45, step_max_seconds=0.55)  # clearly faster
+    v = adv.validate(res, {"rows": rows})
+    assert v["gap"] == pytest.approx(1.0) and v["within_noise"] is False
+    assert "beyond the noise" in adv.format_validation(v)
+    for r in rows:  # an older measurement without per-step times
+        del r["step_min_seconds"], r["step_max_seconds"]
+    v = adv.validate(res, {"rows": rows})
+    assert v["within_noise"] is None and "no per-step times" in adv.format_validation(v)
+    rows_same = [{"scheme": r["scheme"], "step_seconds": 1.0 if r["scheme"] == pred else 2.0} for r in res["rows"]]
+    v = adv.validate(res, {"rows": rows_same})
+    assert v["winner_agrees"] and v["gap"] == 0.0

@@ -277,24 +277,50 @@ def _gbit(bandwidth: float) -> str:
 def validate(res: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
     """Predicted against measured (an ``advise-steps`` result): each scheme's step and its error, and the
     winner of each (the least step times steps to target; the measured ``dense-16`` way, which only serves
-    to measure the hidden share, is not a contender)."""
-    meas = {r["scheme"]: float(r["step_seconds"]) for r in measured["rows"]}
+    to measure the hidden share, is not a contender).
+
+    A strict comparison of medians names one measured winner even where the ways lie within the noise, so
+    the result also says how far the predicted winner's measured time is from the measured best
+    (``gap``: a share of the best) and whether that gap lies within the noise (``within_noise``): whether
+    the two ways' measured steps overlap (the predicted winner's fastest step no slower than the measured
+    winner's slowest; None when the measurement holds no per-step times)."""
+    meas = {r["scheme"]: r for r in measured["rows"]}
     rows = []
     for r in res["rows"]:
         m = meas.get(r["scheme"])
         if m is None:
             continue
-        steps = r["steps_to_target"]
-        rows.append({"scheme": r["scheme"], "predicted_seconds": r["step_seconds"], "measured_seconds": m,
-                     "error": (r["step_seconds"] - m) / m if m else None,
-                     "measured_time_to_target": None if steps is None else m * steps})
+        steps, t = r["steps_to_target"], float(m["step_seconds"])
+        lo, hi = (float(m[k]) if m.get(k) is not None else None for k in ("step_min_seconds", "step_max_seconds"))
+        rows.append({"scheme": r["scheme"], "predicted_seconds": r["step_seconds"], "measured_seconds": t,
+                     "measured_min_seconds": lo, "measured_max_seconds": hi,
+                     "error": (r["step_seconds"] - t) / t if t else None,
+                     "measured_time_to_target": None if steps is None else t * steps,
+                     "steps_to_target": steps})
     reached = [r for r in rows if r["measured_time_to_target"] is not None]
     winner = min(reached, key=lambda r: r["measured_time_to_target"])["scheme"] if reached else None
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
+    by = {r["scheme"]: r for r in rows}
+    gap = within = None
+    if winner is not None and res["winner"] in by and by[res["winner"]]["measured_time_to_target"] is not None:
+        best, pred = by[winner], by[res["winner"]]
+        gap = pred["measured_time_to_target"] / best["measured_time_to_target"] - 1
+        within = noise_overlap(pred, best)
     return {"rows": rows, "predicted_winner": res["winner"], "measured_winner": winner,
             "winner_agrees": winner == res["winner"], "max_abs_error": max(errors, default=None),
             "predicted_kind": kind(res["winner"]), "measured_kind": kind(winner),
-            "kind_agrees": kind(winner) == kind(res["winner"])}
+            "kind_agrees": kind(winner) == kind(res["winner"]), "gap": gap, "within_noise": within}
+
+
+def noise_overlap(a: dict[str, Any], b: dict[str, Any]) -> bool | None:
+    """Whether two validation rows' measured steps overlap: the faster-looking one's slowest step is no
+    faster than the other's fastest (each step scaled by its steps to target).  None: no per-step range."""
+    if any(r.get(k) is None for r in (a, b) for k in ("measured_min_seconds", "measured_max_seconds")):
+        return None
+    sa, sb = (r.get("steps_to_target") or 1.0 for r in (a, b))
+    lo_a, hi_a = a["measured_min_seconds"] * sa, a["measured_max_seconds"] * sa
+    lo_b, hi_b = b["measured_min_seconds"] * sb, b["measured_max_seconds"] * sb
+    return lo_a <= hi_b and lo_b <= hi_a
 
 
 def kind(label: str | None) -> str | None:
@@ -307,11 +333,23 @@ def format_validation(v: dict[str, Any]) -> str:
 
     ms = lambda x: f"{1e3 * x:,.1f}"  # noqa: E731
     cols = [Column("scheme", "scheme", "{}", "<"), Column("predicted_seconds", "predicted ms", ms),
-            Column("measured_seconds", "measured ms", ms), Column("error", "error", lambda e: f"{100 * e:+.0f}%")]
+            Column("measured_seconds", "measured ms", ms),
+            Column("measured_min_seconds", "fastest ms", lambda x: "-" if x is None else ms(x)),
+            Column("measured_max_seconds", "slowest ms", lambda x: "-" if x is None else ms(x)),
+            Column("error", "error", lambda e: f"{100 * e:+.0f}%")]
     return (format_rows(v["rows"], cols, title="validation against the measured steps") +
             f"\npredicted winner {v['predicted_winner']}, measured winner {v['measured_winner']}"
             f" ({'agree' if v['winner_agrees'] else 'DIFFER'}; {v['predicted_kind']} against {v['measured_kind']}); "
-            f"largest error {100 * v['max_abs_error']:.0f}%")
+            f"largest error {100 * v['max_abs_error']:.0f}%" + _gap_line(v))
+
+
+def _gap_line(v: dict[str, Any]) -> str:
+    if v.get("gap") is None or v["winner_agrees"]:
+        return ""
+    noise = {True: "within the noise: the two ways' measured steps overlap",
+             False: "beyond the noise: their measured steps do not overlap", None: "no per-step times"}
+    return (f"\nthe predicted winner's measured step is {100 * v['gap']:.1f}% above the measured best "
+            f"({noise[v['within_noise']]})")
 
 
 def delivered_bandwidth(path: str) -> float:

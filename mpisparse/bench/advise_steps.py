@@ -11,7 +11,9 @@ What :mod:`mpisparse.bench.advise` predicts, measured under MPI: each rank train
   optimized dense baseline); the two give the share of the exchange overlap hides;
 * every other scheme at ``density``, after backward.
 
-A step is timed from a barrier to the end of ``step()``; each rank's median, the slowest rank's reported.
+A step is timed from a barrier to the end of ``step()``; each rank's median, the slowest rank's reported, and
+every timed step's time (the slowest rank's; :func:`step_samples`) with the fastest and the slowest of them,
+so that a reader sees the noise two ways' steps differ within.
 """
 
 from __future__ import annotations
@@ -68,11 +70,14 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
         if progress is not None:
             progress(f"step {it + 1} of {warmup + iters}")
     mine = {k: statistics.median(v) for k, v in times.items()}
-    everyone = comm.allgather_obj({"times": mine, "bytes": {k: v / iters for k, v in sent.items()}})
+    everyone = comm.allgather_obj({"times": mine, "steps": times, "bytes": {k: v / iters for k, v in sent.items()}})
     rows = []
     for label, (scheme, opts, overlap, *_rest) in ways.items():
+        samples = step_samples([e["steps"][label] for e in everyone])
         rows.append({"scheme": label, "base_scheme": scheme, "options": opts, "overlap": overlap,
                      "step_seconds": max(e["times"][label] for e in everyone),
+                     "step_samples_seconds": samples, "step_min_seconds": min(samples),
+                     "step_max_seconds": max(samples),
                      "bytes_per_step": max(e["bytes"][label] for e in everyone)})
     for _, (_, _, _, _, _, _, opt) in ways.items():
         if getattr(opt, "overlap", None) is not None:
@@ -86,10 +91,21 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
             "compute_seconds": by["compute"], "hidden_share": min(1.0, max(0.0, hidden)), "rows": rows}
 
 
+def step_samples(per_rank: Sequence[Sequence[float]]) -> list[float]:
+    """Each timed step's time as the job saw it: the slowest rank's time of that step (``per_rank``: every
+    rank's list of step times, in step order).  Their spread is the measurement's noise, which a comparison
+    of two ways' medians has to be read against."""
+    if not per_rank or len({len(r) for r in per_rank}) != 1:
+        raise ValueError(f"step times of {[len(r) for r in per_rank]} steps per rank; every rank times as many")
+    return [max(step) for step in zip(*per_rank)]
+
+
 def format_steps(res: dict[str, Any]) -> str:
     from ..results.tables import Column, format_rows
 
-    cols = [Column("scheme", "scheme", "{}", "<"), Column("step_seconds", "step ms", lambda v: f"{1e3 * v:,.1f}"),
+    ms = lambda v: f"{1e3 * v:,.1f}"  # noqa: E731
+    cols = [Column("scheme", "scheme", "{}", "<"), Column("step_seconds", "step ms", ms),
+            Column("step_min_seconds", "fastest ms", ms), Column("step_max_seconds", "slowest ms", ms),
             Column("bytes_per_step", "bytes/rank/step", "{:,.0f}")]
     title = (f"advise steps: {res['model']}, batch {res['batch']}, W={res['world_size']}, density {res['density']}, "
              f"median of {res['iters']} steps (slowest rank); overlap hid {100 * res['hidden_share']:.0f}% of "
