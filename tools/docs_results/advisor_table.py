@@ -26,7 +26,8 @@ def _runs(quick: bool) -> list[Run]:
     runs = [Run("overhead", ["advise-steps", "-n", "1", "--model", model, "--batch", batch, "--iters",
                              "1" if quick else "6", "--warmup", "1"])]
     for r in rates:
-        link = ["bench", "exchange", "--model", model, "--scheme", "dense", "--densities", "1", "--iters", it(r),
+        # the link is measured with resnet18's exchange whatever the model (bench exchange has no cnn)
+        link = ["bench", "exchange", "--model", "resnet18", "--scheme", "dense", "--densities", "1", "--iters", it(r),
                 "--warmup", "1"]
         steps = ["advise-steps", "--model", model, "--batch", batch, "--iters", it(r), "--warmup", "1"]
         if r == NONE:  # one host: mpiexec -n 2 here
