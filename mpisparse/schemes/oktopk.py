@@ -87,7 +87,11 @@ def local_boundaries(indices, world: int, n: int) -> np.ndarray:
     if m == 0:
         return np.array([j * n // world for j in range(1, world)], dtype=np.float64)
     picks = np.array([j * m // world for j in range(1, world)], dtype=np.int64)
-    return np.asarray(backend.to_host(indices[picks]) if len(picks) else np.empty(0), dtype=np.float64)
+    if not len(picks):
+        return np.empty(0, dtype=np.float64)
+    xp = backend.array_module(indices)
+    # the W-1 picks go to the indices' module (a host index into a device array is refused there)
+    return np.asarray(backend.to_host(indices[backend.to_module(picks, xp)]), dtype=np.float64)
 
 
 def region_bounds(proposal_sum: np.ndarray, world: int, n: int) -> np.ndarray:
@@ -155,7 +159,9 @@ class OkTopk(CollectiveScheme):
             # one scalar read; density 1 keeps every entry at every step (0, not the smallest magnitude)
             self.local_threshold = float(xp.abs(acc[idx]).min()) if len(idx) and self.k < self.n else 0.0
             return idx
-        return backend.threshold_select(acc, self.local_threshold, scratch=self._scratch)
+        # sorted here: the NumPy kernel returns ascending indices, the CuPy kernel "in no particular order"
+        # (atomic appends); steps 4 and 9 need them ascending (one contiguous run per region, in_sorted)
+        return xp.sort(backend.threshold_select(acc, self.local_threshold, scratch=self._scratch))
 
     def _global_threshold(self, mags) -> float:
         """Step 5 on an estimation step: the ``k``-th largest of every rank's ``mags`` (0 when at most k)."""
@@ -163,22 +169,31 @@ class OkTopk(CollectiveScheme):
         total = int(comm.allreduce(np.array([mags.size], dtype=np.int64))[0])
         if total <= self.k:
             return 0.0
-        bits = backend.to_host(mags).astype(np.float32).view(np.int32)
+        xp = backend.array_module(mags)
+        bits = mags.astype(np.float32, copy=False).view(np.int32)  # stays where mags is: one count read a round
         count = np.empty(1, dtype=np.int64)
 
         def at_least(t: int) -> int:
-            count[0] = int(np.count_nonzero(bits >= t))
+            count[0] = int(xp.count_nonzero(bits >= t))
             return int(comm.allreduce(count, count)[0])
 
         return float(np.array([kth_largest_bits(at_least, self.k)], dtype=np.int32).view(np.float32)[0])
 
-    def _reduce_region(self, ridx, rvals):
+    def _reduce_region(self, ridx, rvals, recvcounts):
         """Step 4's sum of what this rank received for its region: ascending unique indices and float32 sums
-        (added in the order received, i.e. rank order)."""
+        (added in the order received, i.e. rank order).  ``recvcounts`` (host) splits the received entries
+        into the senders' blocks, whose indices are distinct: a plain fancy-index add per block is exact on
+        NumPy and CuPy alike and keeps the rank order (CuPy's ``add.at`` adds atomically, in any order)."""
         xp = backend.array_module(rvals)
         uniq, inv = xp.unique(ridx, return_inverse=True)
+        inv = inv.reshape(-1)
         sums = xp.zeros(uniq.shape[0], dtype=np.float32)
-        xp.add.at(sums, inv, rvals)
+        start = 0
+        for c in recvcounts:
+            c = int(c)
+            if c:
+                sums[inv[start:start + c]] += rvals[start:start + c]
+            start += c
         return uniq, sums
 
     # -------------------------------------------------------------- the step
@@ -187,6 +202,7 @@ class OkTopk(CollectiveScheme):
         estimate = self._estimating()
         with self.phase("compensate"):  # step 1
             acc = self.memory.compensate(grad)
+        xp = backend.array_module(acc)
         with self.phase("select"):  # step 2
             idx = self._select_local(acc, estimate).astype(backend.index_dtype(self.n), copy=False)
             vals = acc[idx]
@@ -198,13 +214,15 @@ class OkTopk(CollectiveScheme):
                     comm.allreduce(proposal, proposal)
                 self.bounds = region_bounds(proposal, W, self.n)
         with self.phase("exchange_indices"):  # step 4: split
-            dest = np.searchsorted(self.bounds[1:-1], backend.to_host(idx), side="right")
-            sendcounts = np.bincount(dest, minlength=W)
-            ridx, _ = comm.alltoallv(idx, sendcounts)
+            # idx ascending: region j's entries are the run between the positions of bounds j and j+1
+            # (W+1 positions read back, not the indices)
+            cuts = xp.searchsorted(idx, backend.to_module(self.bounds.astype(idx.dtype), xp), side="left")
+            sendcounts = np.diff(backend.to_host(cuts).astype(np.int64))
+            ridx, recvcounts = comm.alltoallv(idx, sendcounts)
         with self.phase("exchange_values"):
             rvals, _ = comm.alltoallv(vals, sendcounts)
         with self.phase("select"):  # step 4: reduce; step 5
-            uniq, sums = self._reduce_region(ridx, rvals)
+            uniq, sums = self._reduce_region(ridx, rvals, recvcounts)
             mags = backend.array_module(sums).abs(sums)
             if estimate:
                 self.global_threshold = self._global_threshold(mags)
