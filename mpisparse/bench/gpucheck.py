@@ -172,7 +172,8 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3, impi_pytho
     # which exact top-k is faster where: the rows of cupy_select.AUTO_TABLE (measured on an H200 already)
     checks.append(Check("select-sweep", [*ms, "bench", "select", "--backend", "cupy", "--sizes", SWEEP_SIZES,
                                          "--densities", SWEEP_DENSITIES, "--repeats", "10",
-                                         "--json", j("select-sweep")], json=j("select-sweep"), timeout=240))
+                                         "--json", j("select-sweep"), "--csv", str(out / "select-sweep.csv")],
+                        json=j("select-sweep"), timeout=240))
     return checks
 
 
