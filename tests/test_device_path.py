@@ -202,10 +202,19 @@ def test_distributed_optimizer_keeps_the_step_on_the_device(cp_emu, monkeypatch)
 
 
 # ----------------------------------------------------------------------------- every scheme, 1 and 2 ranks
-def expected_staging_d2h(key: str, rank: int, world: int, step: int) -> int:
-    """Device-to-host staging copies of one step: the exchange buffers the scheme hands to MPI."""
+def expected_staging_d2h(key: str, rank: int, world: int, step: int, calls: dict) -> int:
+    """Device-to-host staging copies of one step: the exchange buffers the scheme hands to MPI (``calls``:
+    the step's collective calls by name)."""
     if key in ("dense", "randomk"):
         return 1  # one Allreduce
+    if key == "powersgd":
+        return 3  # Allreduces of the dense layers (the models' biases), of every P, of every Q
+    if key == "oktopk":
+        # split: Alltoallv of indices and of values; balance (only when a rank's kept count differs from its
+        # equal block: the data decide, never at W = 1): two more; Allgatherv of indices and of values
+        # (its boundaries, counts and bisection rounds are host Allreduces of a few numbers)
+        assert calls["alltoallv"] in ((2,) if world == 1 else (2, 4)) and calls["allgatherv"] == 2, calls
+        return calls["alltoallv"] + calls["allgatherv"]
     if key == "cltk":
         return 1 + (rank == step % world)  # the leader's index Bcast, then the values' Allreduce
     if key == "gtopk":
@@ -222,7 +231,7 @@ def device_runs(request, tmp_path_factory):
 
 def test_every_scheme_equals_the_cpu_run_and_copies_only_exchange_buffers(device_runs):
     world, report = device_runs
-    assert {k.split(":")[0] for k in report} == {"bench", "train"} and len(report) == 20
+    assert {k.split(":")[0] for k in report} == {"bench", "train"} and len(report) == 24
     for key, entry in report.items():
         kind, scheme = key.split(":")
         aware, staged = entry["aware"], entry["staged"]
@@ -240,7 +249,8 @@ def test_every_scheme_equals_the_cpu_run_and_copies_only_exchange_buffers(device
                 # (after it: an overflowing sum is skipped on every rank)
                 assert a["d2h"] == [0 if kind == "bench" else 2] * steps, key
             # staging: exactly the exchange buffers on top, counted alike by the fake and the communicator
-            want = [expected_staging_d2h(scheme.split("-")[0], rank, world, t) for t in range(steps)]
+            want = [expected_staging_d2h(scheme.split("-")[0], rank, world, t, s["calls"][t]) for t in range(steps)]
+            assert s["calls"] == a["calls"], key  # staged or not, the same collectives
             assert s["staging_d2h"] == want, (key, rank, s["staging_d2h"], want)
             assert [x - y for x, y in zip(s["d2h"], a["d2h"])] == want, (key, rank)
             if any(want):

@@ -350,7 +350,7 @@ for _name in ("zeros", "ones", "full", "arange", "concatenate", "unique", "argso
               "flatnonzero", "nonzero", "cumsum", "searchsorted", "count_nonzero", "dot", "partition", "isin", "all", "any", "sum", "stack", "repeat", "diff", "argmax"):
     globals()[_name] = _numpy_function(_name)
 for _name in ("abs", "absolute", "isfinite", "isnan", "sqrt", "minimum", "maximum", "add", "subtract",
-              "multiply", "divide", "square", "logical_not", "logical_and", "equal", "greater_equal"):
+              "multiply", "divide", "square", "logical_not", "logical_and", "equal", "greater_equal", "matmul"):
     globals()[_name] = _ufunc_with_out(_name)
 del _name
 

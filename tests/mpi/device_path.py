@@ -6,7 +6,9 @@ replaced by :mod:`gpu_emu.strictcupy` (device arrays that refuse implicit
 conversion to NumPy and count every device-to-host copy).  The selection
 kernels are the NumPy ones behind the device wall (strictcupy's ``host``
 kernel module: the emulated CUDA kernels take a fraction of a second per
-launch); ``MPISPARSE_DEVICE_PATH_KERNELS=emu`` runs the package's CUDA C on
+launch; their ``threshold_select`` returns its set in reverse order here, as
+CuPy's kernel may return it in any order: ``oktopk`` used it unsorted and
+diverged on an H200); ``MPISPARSE_DEVICE_PATH_KERNELS=emu`` runs the package's CUDA C on
 the CPU emulator instead (slow; kernel reads are then counted too).  For each scheme, three runs of the same
 seed:
 
@@ -46,6 +48,23 @@ from gpu_emu import strictcupy  # noqa: E402
 
 cupy = strictcupy.install_globally(os.environ.get("MPISPARSE_DEVICE_PATH_KERNELS", "host"))
 
+
+def _unordered_threshold_select():
+    """The host kernels' ``threshold_select`` with CuPy's contract: the same set "in no particular order"
+    (the GPU kernel appends atomically); here reversed, so a scheme that needs them ascending must sort."""
+    kern = sys.modules.get(strictcupy.HOST_KERNELS)
+    if kern is None:  # the emulated CUDA kernels: their own order
+        return
+    ascending = kern.threshold_select
+
+    def threshold_select(x, t, *, scratch=None):
+        return ascending(x, t, scratch=scratch)[::-1].copy()
+
+    kern.threshold_select = threshold_select
+
+
+_unordered_threshold_select()
+
 from mpisparse import backend, runtimes
 from mpisparse.mpi import device  # noqa: E402
 from mpisparse.backend import numpy_select  # noqa: E402
@@ -69,7 +88,12 @@ SCHEMES = {
     "dct": ("dct", {"lifespan": 2}),
     "gtopk": ("gtopk", {}),
     "dgc": ("dgc", {"sample_fraction": 1.0}),
+    "powersgd": ("powersgd", {}),
+    "oktopk": ("oktopk", {}),
 }
+
+#: the collectives whose calls per step are recorded (oktopk's balancing Alltoallv depends on the data)
+CALLS = ("allreduce", "alltoallv", "allgatherv")
 
 _real_torch_module = backend.torch_array_module
 _scheme_step = CollectiveScheme.step
@@ -82,12 +106,14 @@ def _counted(fn, outputs: bool):
         c0, s0 = dict(strictcupy.COUNTS), len(strictcupy.D2H_SIZES)
         comm = self.comm
         st0 = dict(comm.staging)
+        calls0 = {op: comm.stats[op].calls if op in comm.stats else 0 for op in CALLS}
         result = fn(self, *args, **kw)
         if RECORD is not None:
             sizes = strictcupy.D2H_SIZES[s0:]
             rec = {"d2h": strictcupy.COUNTS["d2h"] - c0["d2h"], "d2h_max_bytes": max(sizes, default=0),
                    "staging_d2h": comm.staging["d2h"] - st0["d2h"],
-                   "staging_h2d": comm.staging["h2d"] - st0["h2d"]}
+                   "staging_h2d": comm.staging["h2d"] - st0["h2d"],
+                   "calls": {op: (comm.stats[op].calls if op in comm.stats else 0) - calls0[op] for op in CALLS}}
             if outputs:
                 rec["out"] = backend.to_host(result).copy()  # after the count: not part of the step
             RECORD.append(rec)
@@ -154,7 +180,8 @@ def main() -> None:
                     same_steps = len(losses) == len(cpu_losses) and len(rec) == len(cpu_losses)
                 mine = {"d2h": [r["d2h"] for r in rec], "d2h_max_bytes": max(r["d2h_max_bytes"] for r in rec),
                         "staging_d2h": [r["staging_d2h"] for r in rec],
-                        "staging_h2d": [r["staging_h2d"] for r in rec]}
+                        "staging_h2d": [r["staging_h2d"] for r in rec],
+                        "calls": [r["calls"] for r in rec]}
                 everyone = Communicator().allgather_obj(mine)
                 entry[mode] = {"ranks": everyone, "max_diff": diff, "same_steps": same_steps,
                                "steps": len(rec), "staging_copies_per_step": res.staging_copies_per_step,
