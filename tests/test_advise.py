@@ -173,25 +173,42 @@ def test_a_mismatch_says_how_far_and_whether_it_is_within_the_noise():
         step_samples([[1.0], [1.0, 2.0]])
     res = adv.advise(setting(), link(1e9))
     pred = res["winner"]
-    rows = []
+    load = [1.0, 3.0, 1.5, 2.0]  # the machine's load changes from turn to turn, alike for every way
+    rows = [{"scheme": "compute", "step_seconds": 1.75, "step_samples_seconds": [1.0 * x for x in load]}]
     for r in res["rows"]:
-        t = 1.0 if r["scheme"] == pred else 2.0
-        rows.append({"scheme": r["scheme"], "step_seconds": t, "step_min_seconds": t - 0.1,
-                     "step_max_seconds": t + 0.1})
-    other = next(r for r in rows if r["scheme"] != pred)
-    other.update(step_seconds=0.95, step_min_seconds=0.9, step_max_seconds=1.2)  # faster median, ranges overlap
+        rows.append({"scheme": r["scheme"], "step_samples_seconds": [(1.3 if r["scheme"] == pred else 1.6) * x
+                                                                     for x in load]})
+    other = next(r for r in rows[1:] if r["scheme"] != pred)
+    for r in rows:
+        r["step_seconds"] = sorted(r["step_samples_seconds"])[2]  # a plain median: the load's, mostly
+    paired = adv.paired_steps({"rows": rows})
+    assert paired["compute"] == pytest.approx(1.75) and paired[pred] == pytest.approx(1.75 + 0.3 * 1.75)
     v = adv.validate(res, {"rows": rows})
-    assert not v["winner_agrees"] and v["measured_winner"] == other["scheme"]
-    assert v["gap"] == pytest.approx(1.0 / 0.95 - 1) and v["within_noise"] is True
-    assert "within the noise" in adv.format_validation(v)
-    other.update(step_seconds=0.5, step_min_seconds=0.45, step_max_seconds=0.55)  # clearly faster
+    assert v["winner_agrees"] and v["gap"] == 0.0 and v["paired"]
+    other["step_samples_seconds"] = [1.2, 3.95, 1.8, 2.5]  # faster in the paired median, slower in one turn
     v = adv.validate(res, {"rows": rows})
-    assert v["gap"] == pytest.approx(1.0) and v["within_noise"] is False
-    assert "beyond the noise" in adv.format_validation(v)
-    for r in rows:  # an older measurement without per-step times
-        del r["step_min_seconds"], r["step_max_seconds"]
+    assert not v["winner_agrees"] and v["measured_winner"] == other["scheme"] and v["gap"] > 0
+    assert (v["slower_turns"], v["turns"], v["within_noise"]) == (3, 4, True)
+    assert "slower in 3 of 4 turns: within the noise" in adv.format_validation(v)
+    other["step_samples_seconds"] = [1.1, 3.2, 1.6, 2.1]  # faster in every turn
     v = adv.validate(res, {"rows": rows})
-    assert v["within_noise"] is None and "no per-step times" in adv.format_validation(v)
-    rows_same = [{"scheme": r["scheme"], "step_seconds": 1.0 if r["scheme"] == pred else 2.0} for r in res["rows"]]
-    v = adv.validate(res, {"rows": rows_same})
-    assert v["winner_agrees"] and v["gap"] == 0.0
+    assert (v["slower_turns"], v["within_noise"]) == (4, False) and "beyond the noise" in adv.format_validation(v)
+    for r in rows:  # an older measurement without per-step times: plain medians, no noise verdict
+        del r["step_samples_seconds"]
+    v = adv.validate(res, {"rows": rows})
+    assert not v["paired"] and v["within_noise"] is None
+    assert v["rows"][0]["measured_seconds"] == v["rows"][0]["measured_median_seconds"]
+
+
+def test_the_hidden_share_and_the_overheads_are_paired_by_turn(tmp_path):
+    load = [1.0, 2.0, 4.0]
+    rows = [{"scheme": k, "step_seconds": 0.0, "step_samples_seconds": [f * x for x in load]}
+            for k, f in (("compute", 1.0), ("dense-16", 1.5), (adv.BASELINE, 1.3), ("cltk", 1.1))]
+    m = {"rows": rows, "hidden_share": 0.9, "world_size": 1, "compute_seconds": 2.0}
+    assert adv.hidden_share_from(m) == pytest.approx(0.4)  # (1.5 - 1.3) / (1.5 - 1)
+    p = tmp_path / "o.json"
+    p.write_text(json.dumps(m))
+    assert adv.overheads_from(str(p)) == pytest.approx({adv.BASELINE: 0.3, "cltk": 0.1})
+    for r in rows:
+        del r["step_samples_seconds"]
+    assert adv.hidden_share_from(m) == 0.9

@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Any, Sequence
 
-from .advise import BASELINE
+from .advise import BASELINE, hidden_share_from
 
 #: the sparse schemes a measurement runs by default (the advisor's)
 SPARSE = ("topk", "cltk", "deft", "gtopk", "powersgd", "oktopk")
@@ -85,6 +85,7 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
     by = {r["scheme"]: r["step_seconds"] for r in rows}
     exchange = by["dense-16"] - by["compute"]
     hidden = (by["dense-16"] - by[BASELINE]) / exchange if exchange > 0 else 0.0
+    hidden = hidden_share_from({"rows": rows, "hidden_share": min(1.0, max(0.0, hidden))})  # paired by turn
     return {"command": "advise steps", "model": model, "density": density, "batch": batch, "iters": iters,
             "warmup": warmup, "world_size": comm.size, "dense_wire": dense_wire, "seed": seed,
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},

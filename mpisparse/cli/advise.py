@@ -81,7 +81,7 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
     
     hosts = hosts or world
     if hidden_json:
-        hidden_share = float(json.loads(open(hidden_json).read())["hidden_share"])
+        hidden_share = adv.hidden_share_from(json.loads(open(hidden_json).read()))
     if link_json:
         rate = usage(adv.delivered_bandwidth, link_json)
     steps = usage(adv.load_tta, tta_json) if tta_json else {}
@@ -89,7 +89,7 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
     measured = json.loads(open(measured_json).read()) if measured_json else None
     compute_from = "given"
     if compute_seconds is None and measured is not None:
-        compute_seconds, compute_from = float(measured["compute_seconds"]), "measured (--measured)"
+        compute_seconds, compute_from = adv.paired_steps(measured)["compute"], "measured (--measured)"
     if compute_seconds is None:
         compute_seconds, compute_from = measure_compute(model, batch), f"measured here (batch {batch})"
     rates = adv.DEFAULT_RATES

@@ -71,14 +71,16 @@ def _advisor_render(res: dict[str, Any], quick: bool) -> str:
                         f"{100 * a['setting']['hidden_share']:.0f}%", f"`{v['predicted_winner']}`",
                         f"`{v['measured_winner']}`", "yes" if v["winner_agrees"] else "**no**",
                         "-" if v["winner_agrees"] else _pct(v.get("gap"), sign=True) + (
-                            " (within noise)" if noise else " (beyond noise)" if noise is False else ""),
+                            "" if noise is None else f", slower in {v['slower_turns']} of {v['turns']} turns"
+                            + (" (within noise)" if noise else " (beyond noise)")),
                         f"{v['predicted_kind']} / {v['measured_kind']}",
                         f"{100 * v['max_abs_error']:.0f}%", _gbit(a["crossover_bandwidth"])])
         for row in v["rows"]:
-            lo, hi = row.get("measured_min_seconds"), row.get("measured_max_seconds")
-            span = "-" if lo is None else f"{1e3 * lo:,.0f}-{1e3 * hi:,.0f}"
+            lo, hi = row.get("over_compute_min_seconds"), row.get("over_compute_max_seconds")
+            span = "-" if lo is None else f"{1e3 * lo:+,.0f} to {1e3 * hi:+,.0f}"
             detail.append([_link_name(r), f"`{row['scheme']}`", f"{1e3 * row['predicted_seconds']:,.0f}",
-                           f"{1e3 * row['measured_seconds']:,.0f}", span, f"{100 * row['error']:+.0f}%"])
+                           f"{1e3 * row['measured_seconds']:,.0f}", f"{1e3 * row['measured_median_seconds']:,.0f}",
+                           span, f"{100 * row['error']:+.0f}%"])
         la = st.get("load_average") or {}
         if la:
             loads.append(f"{_link_name(r)}: {la['before'][0]:.1f} before, {la['after'][0]:.1f} after")
@@ -92,21 +94,25 @@ def _advisor_render(res: dict[str, Any], quick: bool) -> str:
                      "measured winner", "agree", "predicted winner's measured step against the best",
                      "decision predicted / measured", "largest error", "predicted crossover"], summary),
            "",
-           f"The predicted winner is the measured one at {agree} of {len(rates)} links (strictly, by the median "
+           f"The predicted winner is the measured one at {agree} of {len(rates)} links (strictly, by the paired "
            f"step); the decision dense or sparse agrees at {kinds} of {len(rates)}; {within} of {total} predicted "
            "steps are within 25% of the measured. The measured winner "
            + ("changes between the links (" + ", ".join(f"`{w}`" for w in winners) + "), and the decision "
               + ("changes too" if len(set(kinds_measured)) > 1 else "does not: it is "
                  + f"`{kinds_measured[0]}` at every link") if len(set(winners)) > 1
               else f"is `{winners[0]}` at every link") + ". "
+           "A measured step is paired by turn: the ways take turns step by step, so each is the compute way's "
+           "median step plus the median over the timed turns of (the way's step - the compute way's step in the "
+           "same turn), which cancels the load of other jobs that changes from turn to turn (the plain median "
+           "of the way's own steps is beside it, and the range of its excess over compute across the turns). "
            "Where the winners differ, the gap column is how much slower the predicted winner's measured step was "
-           "than the measured best's; *within noise*: the two ways' timed steps overlap (the fastest of one is no "
-           "faster than the slowest of the other; ranges in the second table). Load average (1 min) of the 2-core "
+           "than the measured best's, and in how many turns it was the slower of the two; *beyond noise* only "
+           "when it was slower in every turn. Load average (1 min) of the 2-core "
            "machine during the measured steps: " + "; ".join(loads) + ". Steps to target are not given (no "
            "`--tta`): every scheme is assumed to need as many steps as dense, so the winner is the fastest step.",
            "",
-           md_table(["link", "scheme", "predicted ms", "measured ms (median)", "measured steps, fastest-slowest ms",
-                     "error"], detail)]
+           md_table(["link", "scheme", "predicted ms", "measured ms (paired)", "plain median ms",
+                     "over compute, least to most ms", "error"], detail)]
     return "\n".join(out)
 
 
@@ -121,7 +127,8 @@ _table(Table(
            "of the exchange overlap hides (measured once, at the fastest rate, `--hidden-from`), and each scheme's step overhead (the "
            "library's and the scheme's own compute, a 16-bit wire's casts) measured on one rank alone as a share "
            "of its compute step (`advise-steps -n 1`, `--overhead-from`); the exchange is the cost model's byte "
-           "model at the link carried. The measured steps are `advise-steps`: "
+           "model at the link carried (the compute step, the overheads and the hidden share are paired by "
+           "turn with the compute way, as the measured steps below). The measured steps are `advise-steps`: "
            "resnet18 (CIFAR-shaped random batches of 16), forward, backward, the exchange and the update through "
            "`DistributedOptimizer`, on 2 ranks: on one host without emulation (shared memory, the fastest link this machine has) and on 2 emulated "
            "hosts; compute is this machine's CPU (2 shared cores)."),
