@@ -51,8 +51,12 @@ def runs(tmp_path_factory):
     return np.load(d / "gloo.npz"), np.load(d / "mpi.npz")
 
 
+WIRE_KEYS = [f"{name}/{wire}" for name in ("dense", "topk") for wire in ("float16", "bfloat16")]
+
+
 @pytest.mark.mpi
-@pytest.mark.parametrize("scheme", ["dense", "topk", "randomk", "threshold", "cltk", "deft", "dct", "gtopk", "dgc"])
+@pytest.mark.parametrize("scheme", ["dense", "topk", "randomk", "threshold", "cltk", "deft", "dct", "gtopk", "dgc",
+                                    "oktopk", *WIRE_KEYS])
 def test_gloo_gives_the_mpi_aggregate_and_bytes(runs, scheme):
     gloo, mpi = runs
     for t in range(4):
@@ -62,23 +66,79 @@ def test_gloo_gives_the_mpi_aggregate_and_bytes(runs, scheme):
     assert np.count_nonzero(gloo[f"{scheme}/3"]) > 0
 
 
+def _bfloat16(x: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(torch.bfloat16).float().numpy()
+
+
+def _wire_mean(grads: np.ndarray, wire: str) -> np.ndarray:
+    """NumPy's dense mean over ranks (rows of ``grads``) with ``wire`` values on the wire: each rank's values
+    rounded (float16: ``g / W``, so that the sum cannot overflow), summed in float32 in rank order, the sum
+    rounded once more, then divided by W as the scheme does."""
+    world = grads.shape[0]
+    if wire == "float16":
+        parts = (grads / np.float32(world)).astype(np.float16).astype(np.float32)
+    else:
+        parts = _bfloat16(grads)
+    total = parts[0].copy()
+    for p in parts[1:]:
+        total += p
+    if wire == "float16":
+        total = total.astype(np.float16).astype(np.float32) * np.float32(world)
+    else:
+        total = _bfloat16(total)
+    return total * np.float32(1.0 / world)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("wire", ["float16", "bfloat16"])
+def test_gloo_sums_16_bit_values_as_numpy_does(runs, wire):
+    gloo, _ = runs
+    for t in range(4):
+        want = _wire_mean(gloo[f"dense/{wire}/grads/{t}"], wire)
+        np.testing.assert_array_equal(gloo[f"dense/{wire}/{t}"], want, err_msg=f"dense {wire} step {t}")
+        assert not np.array_equal(want, gloo[f"dense/{t}"])  # the rounding is there: not the float32 mean
+    # a step sends half the bytes of a float32 ring Allreduce (the reduce-scatter and the gather of 16-bit
+    # blocks); the counts are cumulative over the run
+    def step_bytes(key):
+        return int(gloo[f"{key}/bytes/3"][0]) - int(gloo[f"{key}/bytes/2"][0])
+
+    assert step_bytes(f"dense/{wire}") * 2 == step_bytes("dense") > 0
+
+
 @pytest.mark.mpi
 def test_ddp_with_the_hook_keeps_ranks_identical_and_dense_equals_ddps_own_allreduce(runs):
     gloo, _ = runs
     builtin = gloo["ddp/builtin"]
-    for scheme in ("dense", "topk", "deft"):
+    for scheme in ("dense", "topk", "deft", "oktopk", "dense/float16", "topk/bfloat16"):
         params = gloo[f"ddp/{scheme}"]
         assert np.array_equal(params[0], params[1]), f"{scheme}: ranks differ"
         assert int(gloo[f"ddp/{scheme}/buckets"][0]) >= 2, "the test model should span several buckets"
     np.testing.assert_allclose(gloo["ddp/dense"][0], builtin[0], rtol=1e-5, atol=1e-6)
-    assert not np.allclose(gloo["ddp/topk"][0], builtin[0])  # sparsified: a different trajectory
+    # float16 values on the wire: DDP's own trajectory up to their rounding
+    np.testing.assert_allclose(gloo["ddp/dense/float16"][0], builtin[0], rtol=1e-2, atol=1e-3)
+    assert not np.array_equal(gloo["ddp/dense/float16"][0], builtin[0])
+    for sparse in ("topk", "oktopk", "topk/bfloat16"):
+        assert not np.allclose(gloo[f"ddp/{sparse}"][0], builtin[0]), sparse  # sparsified: another trajectory
 
 
 def test_the_hook_refuses_a_parameter_server_scheme_and_needs_an_initialised_group():
+    from mpisparse.runtimes import schemes_of
     from mpisparse.torch.dist import TorchDistCommunicator, comm_hook
 
-    with pytest.raises(ValueError, match="not a data-parallel"):
+    with pytest.raises(ValueError, match="not a data-parallel") as err:
         comm_hook("dgs")
+    # the refusal names every scheme the hook accepts (from the registry), one line
+    assert str(err.value).endswith("a DDP hook can run " + ", ".join(schemes_of("collective")))
+    assert "oktopk" in str(err.value) and "powersgd" in str(err.value) and "\n" not in str(err.value)
+    for name in schemes_of("collective"):
+        comm_hook(name)  # accepted without a process group (it is needed at the first bucket only)
+    # a bad option or density is refused up front, before any process group work
+    with pytest.raises(ValueError, match="scheme 'gtopk' sends float32 values only"):
+        comm_hook("gtopk", wire_dtype="float16")
+    with pytest.raises(ValueError, match="allowed values are float32, float16, bfloat16"):
+        comm_hook("topk", wire_dtype="int8")
+    with pytest.raises(ValueError, match="allowed range"):
+        comm_hook("topk", density=0)
     with pytest.raises(RuntimeError, match="init_process_group"):
         TorchDistCommunicator()
 

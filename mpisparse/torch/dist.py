@@ -20,12 +20,18 @@ whose layout changed gets a fresh scheme (its residual restarts from zero).
 
 The schemes talk to :class:`TorchDistCommunicator`, which offers the
 subset of :class:`mpisparse.mpi.comm.Communicator` the data-parallel schemes use
-(collectives, blocking point-to-point, byte counting with the same model)
-over ``torch.distributed``: gloo for CPU tensors, NCCL for CUDA tensors
-(``mpisparse train --device cuda`` under torchrun starts both, ``cpu:gloo,cuda:nccl``;
-in a group of NCCL alone the counts of a variable-size gather go on the GPU).
-For the same seeds and inputs a scheme returns the same aggregate as under
-MPI (``tests/test_torch_dist.py``).
+(collectives, Alltoallv included, blocking point-to-point, byte counting with
+the same model) over ``torch.distributed``: gloo for CPU tensors, NCCL for CUDA
+tensors (``mpisparse train --device cuda`` under torchrun starts both,
+``cpu:gloo,cuda:nccl``; in a group of NCCL alone the counts of a variable-size
+exchange go on the GPU).  Every data-parallel scheme runs, ``oktopk`` and the
+16-bit wire (``wire_dtype``) included: gloo moves no 16-bit integers (``Invalid
+scalar type``), so a pure copy (gather, all-to-all, broadcast, send) of a dtype
+outside :data:`_NATIVE` (the wire's ``uint16`` bit patterns) moves its bytes,
+and a 16-bit sum is the wire's own (:func:`mpisparse.mpi.wire.allreduce_sum`:
+an Alltoallv reduce-scatter with float32 sums, then an Allgatherv).  For the
+same seeds and inputs a scheme returns the same aggregate as under MPI
+(``tests/test_torch_dist.py``).
 """
 
 from __future__ import annotations
@@ -45,11 +51,23 @@ __all__ = ["HookState", "TorchDistCommunicator", "comm_hook"]
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
+#: dtypes gloo and NCCL both move and reduce as they are; any other moves as its bytes (:func:`_moved`)
+_NATIVE = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.int8, np.uint8))
+
+
 def _tensor(x) -> torch.Tensor:
     """``x`` (NumPy or CuPy, contiguous) as a torch tensor sharing its memory."""
     if isinstance(x, np.ndarray):
         return torch.from_numpy(x)
     return torch.from_dlpack(x)
+
+
+def _moved(x) -> torch.Tensor:
+    """``x`` as a pure copy (gather, all-to-all, broadcast, send) moves it: its own tensor, or, for a dtype
+    outside :data:`_NATIVE` (the 16-bit wire's ``uint16`` patterns, float16), its bytes (``uint8``, shared
+    memory): gloo has no 16-bit integers, and bytes are what a copy moves anyway."""
+    t = _tensor(x)
+    return t if np.dtype(x.dtype) in _NATIVE else t.view(torch.uint8)
 
 
 class TorchDistCommunicator:
@@ -88,7 +106,11 @@ class TorchDistCommunicator:
 
     # ------------------------------------------------------------ collectives
     def allreduce(self, x, out=None, *, op: str = "sum"):
-        """Sum (or ``op``) of ``x`` over ranks, into ``out`` (in place if ``out is x``)."""
+        """Sum (or ``op``) of ``x`` over ranks, into ``out`` (in place if ``out is x``).
+
+        A dtype outside :data:`_NATIVE` is reduced in a wider one and cast back (float16 in float32, one
+        rounding at the end; integers in int64); bytes are counted for ``x``'s own dtype.  The schemes
+        never sum 16-bit values here: their 16-bit sum is :func:`mpisparse.mpi.wire.allreduce_sum`."""
         check_dtype(x, reduce=True)
         if out is None:
             out = x.copy()
@@ -96,7 +118,12 @@ class TorchDistCommunicator:
             out[...] = x
         nbytes = int(x.size) * np.dtype(x.dtype).itemsize
         with self._timed("allreduce", self._ring_allreduce_bytes(nbytes)):
-            dist.all_reduce(_tensor(out), op=_OPS[op], group=self.group)
+            if np.dtype(x.dtype) in _NATIVE:
+                dist.all_reduce(_tensor(out), op=_OPS[op], group=self.group)
+            else:
+                wide = out.astype(np.float32 if np.dtype(x.dtype).kind == "f" else np.int64)
+                dist.all_reduce(_tensor(wide), op=_OPS[op], group=self.group)
+                out[...] = wide
         return out
 
     def bcast(self, x, root: int = 0):
@@ -104,7 +131,7 @@ class TorchDistCommunicator:
         check_dtype(x, reduce=False)
         nbytes = int(x.size) * np.dtype(x.dtype).itemsize
         with self._timed("bcast", self._chain_bcast_bytes(nbytes, root)):
-            dist.broadcast(_tensor(x), src=root, group=self.group)
+            dist.broadcast(_moved(x), src=root, group=self.group)
         return x
 
     def allgather_counts(self, count: int) -> np.ndarray:
@@ -134,21 +161,48 @@ class TorchDistCommunicator:
         blocks = [xp.empty(width, dtype=x.dtype) for _ in range(self.size)]
         itemsize = np.dtype(x.dtype).itemsize
         with self._timed("allgatherv", self._ring_allgather_bytes(np.asarray(counts) * itemsize)):
-            dist.all_gather([_tensor(b) for b in blocks], _tensor(padded), group=self.group)
+            dist.all_gather([_moved(b) for b in blocks], _moved(padded), group=self.group)
         recv = xp.concatenate([b[:int(c)] for b, c in zip(blocks, counts)]) if self.size else padded[:0]
         return recv, counts
+
+    def alltoallv(self, x, sendcounts, recvcounts=None):
+        """Send ``x[displs[r]:displs[r]+sendcounts[r]]`` to rank ``r`` (``all_to_all_single`` with split
+        sizes); returns ``(recv, recvcounts)``.  Counts are exchanged first unless the caller knows them
+        (``recvcounts``: what each rank sends this one).  Bytes as the MPI path counts them."""
+        check_dtype(x, reduce=False)
+        sendcounts = np.asarray(sendcounts, dtype=np.int64)
+        if sendcounts.shape != (self.size,) or int(sendcounts.sum()) != int(x.size):
+            raise ValueError(f"alltoallv: sendcounts must have {self.size} entries summing to {x.size}, "
+                             f"got {sendcounts.tolist()}")
+        if recvcounts is not None:
+            recvcounts = np.asarray(recvcounts, dtype=np.int64)
+        else:
+            mine = torch.from_numpy(sendcounts.copy()).to(self._counts_device)
+            theirs = torch.empty(self.size, dtype=torch.int64, device=self._counts_device)
+            with self._timed("alltoall_counts", 8 * (self.size - 1)):
+                dist.all_to_all_single(theirs, mine, group=self.group)
+            recvcounts = theirs.cpu().numpy()
+        recv = backend.array_module(x).empty(int(recvcounts.sum()), dtype=x.dtype)
+        itemsize = np.dtype(x.dtype).itemsize
+        s, r = _moved(x), _moved(recv)
+        per = itemsize // s.element_size()  # moved elements per value (its bytes: the itemsize)
+        sent = (int(sendcounts.sum()) - int(sendcounts[self.rank])) * itemsize
+        with self._timed("alltoallv", sent):
+            dist.all_to_all_single(r, s, output_split_sizes=[int(c) * per for c in recvcounts],
+                                   input_split_sizes=[int(c) * per for c in sendcounts], group=self.group)
+        return recv, recvcounts
 
     # ------------------------------------------------------- point to point
     def send(self, x, dest: int, tag: int = 0) -> None:
         check_dtype(x, reduce=False)
         with self._timed("send", int(x.size) * np.dtype(x.dtype).itemsize):
-            dist.send(_tensor(x), dst=dest, group=self.group, tag=tag)
+            dist.send(_moved(x), dst=dest, group=self.group, tag=tag)
 
     def recv(self, x, source: int | None = None, tag: int | None = None) -> tuple[int, int, int]:
         """Receive exactly ``x.size`` elements into ``x``; returns ``(source, tag, elements)``."""
         check_dtype(x, reduce=False)
         with self._timed("recv", 0):
-            src = dist.recv(_tensor(x), src=source, group=self.group, tag=0 if tag is None else tag)
+            src = dist.recv(_moved(x), src=source, group=self.group, tag=0 if tag is None else tag)
         return int(src), int(tag or 0), int(x.size)
 
     def sendrecv(self, x, peer: int, *, tag: int = 0):
@@ -160,7 +214,7 @@ class TorchDistCommunicator:
             self._exchange(mine, theirs, peer, tag)
         recv = backend.array_module(x).empty(int(theirs[0].item()), dtype=x.dtype)
         with self._timed("sendrecv", int(x.size) * np.dtype(x.dtype).itemsize):
-            self._exchange(_tensor(x), _tensor(recv), peer, tag + 1)
+            self._exchange(_moved(x), _moved(recv), peer, tag + 1)
         return recv
 
     def _exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, tag: int) -> None:
@@ -195,12 +249,16 @@ class HookState:
 
     def __init__(self, scheme: str, density: float, *, memory: bool = True, seed: int = 0, group: Any = None,
                  **options: Any):
-        from ..registry import scheme_class
+        from ..registry import scheme_class, validate_density
+        from ..runtimes import schemes_of
 
         cls = scheme_class(scheme)  # an unknown name fails here, before training starts
         if getattr(cls, "runtime", None) != "collective":
             raise ValueError(f"scheme {scheme!r} is not a data-parallel (collective) scheme; a DDP hook can run "
-                             "dense, topk, randomk, threshold, cltk, deft, dct, gtopk, dgc")
+                             f"{', '.join(schemes_of('collective'))}")
+        # a bad density or option (a wire_dtype the scheme does not take) is one line here, not at the first bucket
+        validate_density(density)
+        cls.validate_options(dict(options))
         self.scheme, self.density, self.memory, self.seed = scheme, float(density), bool(memory), int(seed)
         self.options = dict(options)
         self.group = group
@@ -254,9 +312,10 @@ def comm_hook(scheme: str = "dense", density: float = 0.01, *, memory: bool = Tr
               group: Any = None, **scheme_options: Any) -> tuple[HookState, Any]:
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
 
-    ``scheme`` is any data-parallel scheme (``topk``, ``cltk``, ``deft``,
-    ``gtopk``, ``dgc``, ``randomk``, ``threshold``, ``dct``, ``dense``) with
-    its ``density`` and options, as ``mpisparse train`` takes them.  A scheme
-    that applies momentum itself (``dgc``) needs an optimizer without momentum.
+    ``scheme`` is any data-parallel scheme (``mpisparse.runtimes.schemes_of("collective")``: ``topk``,
+    ``cltk``, ``deft``, ``gtopk``, ``oktopk``, ``dgc``, ``powersgd``, ``randomk``, ``threshold``, ``dct``,
+    ``dense``) with its ``density`` and options, ``wire_dtype="float16"`` or ``"bfloat16"`` included, as
+    ``mpisparse train`` takes them; a bad name, density or option is a ValueError here.  A scheme that
+    applies momentum itself (``dgc``) needs an optimizer without momentum.
     """
     return HookState(scheme, density, memory=memory, seed=seed, group=group, **scheme_options), sparse_hook

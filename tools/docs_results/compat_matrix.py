@@ -42,11 +42,13 @@ WARMUP_OPTIONS = ("warmup_iters", "density_warmup_iters", "start_powersgd_iter")
 #: ``allreduce_sum``: a reduce-scatter written as an Alltoallv, then an Allgatherv)
 NEEDS = {"oktopk": ("alltoallv",)}
 WIRE_SUM_NEEDS = ("alltoallv",)
-#: whether 16-bit values cross torch.distributed at all.  Measured, not declared: a DDP hook on 2 gloo
-#: processes (2026-11-28) with ``topk, wire_dtype="float16"`` (values gathered, no sum) stopped in gloo's
-#: allgather with ``RuntimeError: Invalid scalar type``; ``dense`` and ``oktopk`` with AttributeError, no
-#: ``alltoallv`` (the check below).  Set it True when a test runs a 16-bit wire over gloo.
-TORCH_DIST_16BIT = False
+#: whether 16-bit values cross torch.distributed.  Measured, not declared: before 2026-11-28 a DDP hook on 2
+#: gloo processes with ``topk, wire_dtype="float16"`` stopped in gloo's allgather (``RuntimeError: Invalid
+#: scalar type``: gloo moves no 16-bit integers) and ``dense`` and ``oktopk`` with AttributeError (no
+#: ``alltoallv``).  Since then TorchDistCommunicator moves the 16-bit patterns as bytes and has an Alltoallv,
+#: and tests/test_torch_dist.py runs dense and topk with float16 and bfloat16 over 2 gloo processes (the MPI
+#: aggregate and bytes, NumPy's 16-bit sum, and DDP with the hook).
+TORCH_DIST_16BIT = True
 
 #: what a scheme's aggregated update holds when it is not the union of the ranks' own sets, read from its
 #: module (the class docstring and ``selected_global``)
