@@ -382,18 +382,28 @@ def test_segmented_launches_do_not_grow_with_the_number_of_segments(cp):
     assert launches[10] == launches[60] == 7, launches
 
 
+#: two methods whose best times lie within this share of each other tie (repeated sweeps on the same H200 moved
+#: a point's best time by up to 15%: 0.153 and 0.192 ms for the sampled path at 25M, density 0.001)
+AUTO_TIE = 0.05
+
+
 def test_auto_method_table_picks_the_measured_fastest_method():
-    """Every point of the committed GPU sweep: ``auto`` names the method that was faster there."""
+    """Every point of the committed GPU sweep: ``auto`` names the fastest method there, or one within
+    :data:`AUTO_TIE` of it."""
     import csv
 
     from conftest import HERE
 
-    rows = list(csv.DictReader(open(HERE.parent / "docs" / "results" / "gpu" / "select-sweep-h200.csv")))
+    rows = list(csv.DictReader(open(HERE.parent / "docs" / "results" / "gpu" / "select-sweep-h200-e0a43f3.csv")))
     assert len(rows) == 25
+    wins = 0
     for r in rows:
         n, k = int(r["n"]), int(r["k"])
-        fastest = min(("sample", "radix"), key=lambda m: float(r[f"topk_abs_{m}_ms"]))
-        assert ck.auto_method(n, k) == fastest, r
+        t = {m: float(r[f"topk_abs_{m}_best_ms"]) for m in ("sample", "radix", "radix2")}
+        picked = ck.auto_method(n, k)
+        assert t[picked] <= (1 + AUTO_TIE) * min(t.values()), (r["n"], r["density"], picked, t)
+        wins += t[picked] == min(t.values())
+    assert wins >= 23  # the fastest outright at all but the tied points
     assert ck.auto_method(10**9, 10**8) == "radix"  # past every row
 
 

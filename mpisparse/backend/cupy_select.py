@@ -18,8 +18,7 @@ is exact after the pass, and the pass runs once more.
 
 ``topk_abs`` is exact (exactly ``k`` distinct indices, ties included):
 
-1. ``sample`` (``auto`` picks it for up to about 80,000 selected entries:
-   :data:`AUTO_TABLE`, measured): the ``r``-th largest key of a hashed
+1. ``sample``: the ``r``-th largest key of a hashed
    random sample (``r`` = expected sampled top-k count + 4 sigma + 4) is a
    threshold a little below the true k-th magnitude; one pass (16-byte
    loads) collects the candidates ``key >= t`` (indices and keys,
@@ -40,7 +39,8 @@ is exact after the pass, and the pass runs once more.
    :data:`SORT_LIMIT`; otherwise the next 12-bit digit (radix passes on the
    candidate arrays); when the digits are used up the remaining keys are
    all equal and any ``need`` of them complete the top k.
-4. ``radix2`` (:mod:`.cupy_radix`, ``cuda/radix.cu``): the radix select with
+4. ``radix2`` (:mod:`.cupy_radix`, ``cuda/radix.cu``; ``auto`` picks it up to 4M
+   elements, and to density 0.01 beyond: :data:`AUTO_TABLE`, measured): the radix select with
    every decision on the device -- the filtering of one digit fused with the
    histogram of the next, the bucket chosen by the last block to finish, an
    early stop, nothing read back; one CUDA graph per call.
@@ -358,17 +358,18 @@ def _sampled_topk(w, k: int, idt, rng, reuse: bool = False):
     return _radix_topk(w, k, idt)
 
 
-#: ``auto``'s choice between the sampled and the radix top-k, by (size, density) band: the first row
-#: with ``n <= max_n`` and ``k <= round(max_density * n)`` gives the method; past every row, radix.  Measured
-#: on an NVIDIA H200 (CuPy 14.2, CUDA 13, 2026-11-26, commit 789cc33) by ``mpisparse bench select
-#: --backend cupy --sizes 65536,262144,1000000,4000000,25000000 --densities 0.0001,0.001,0.01,0.1,0.3
-#: --repeats 10`` (docs/results/gpu/select-sweep-h200.csv): the sampled path is fastest up to about 80,000
-#: selected entries (one pass over ``x``; its one-block search of the candidates grows with ``k``), radix
-#: beyond (two passes over ``x``, independent of ``k``).  Every measured point is picked right.
+#: ``auto``'s choice of exact top-k method by (size, density) band: the first row with ``n <= max_n`` and
+#: ``k <= round(max_density * n)`` gives the method; past every row, radix.  Measured on an NVIDIA H200
+#: (CuPy 14.2, CUDA 13, 2026-11-28 19:55 UTC, commit e0a43f3) by ``mpisparse bench select --backend cupy
+#: --sizes 65536,262144,1000000,4000000,25000000 --densities 0.0001,0.001,0.01,0.1,0.3 --repeats 10``
+#: (``bin/gpu-check``'s select-sweep, docs/results/gpu/select-sweep-h200-e0a43f3.csv): radix2 (every
+#: decision on the device, no read back) is the fastest at 22 of the 25 points, 0.05-0.11 ms up to 4M
+#: elements at any density; at 25M it ties the sampled path at density 0.001 (0.156 against 0.153 ms) and
+#: loses to radix at 0.1 and 0.3 (1.04 against 0.81 ms, 1.29 against 1.17).  The earlier table (sample up to
+#: about 80,000 selected entries, radix beyond) was measured before radix2 existed (select-sweep-h200.csv).
 AUTO_TABLE: tuple[tuple[float, float, str], ...] = (
-    (262_144, 0.3, "sample"),
-    (4_000_000, 0.01, "sample"),
-    (math.inf, 0.001, "sample"),
+    (math.inf, 0.01, "radix2"),
+    (4_000_000, 1.0, "radix2"),
 )
 
 
@@ -389,8 +390,7 @@ def topk_abs(x, k, *, scratch=None, rng=None, method: str = "auto", reuse: bool 
 
     ``method``: ``"auto"`` (:func:`auto_method`: the :data:`AUTO_TABLE` band
     of ``n`` and ``k / n``), ``"sample"``, ``"radix"`` or ``"radix2"``
-    (:mod:`.cupy_radix`: about two reads of ``x``, no host round trip;
-    not in :data:`AUTO_TABLE` until measured on a GPU); all return the
+    (:mod:`.cupy_radix`: about two reads of ``x``, no host round trip); all return the
     same value set.  ``rng`` (a ``np.random.Generator``, a seed, or ``None``)
     drives the sample and only affects speed.  ``reuse=True``: the sampled
     and radix2 paths return its workspace's output (no allocation; overwritten by the
