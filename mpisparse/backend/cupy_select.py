@@ -363,8 +363,8 @@ def _sampled_topk(w, k: int, idt, rng, reuse: bool = False):
 #: (CuPy 14.2, CUDA 13, 2026-11-28 19:55 UTC, commit e0a43f3) by ``mpisparse bench select --backend cupy
 #: --sizes 65536,262144,1000000,4000000,25000000 --densities 0.0001,0.001,0.01,0.1,0.3 --repeats 10``
 #: (``bin/gpu-check``'s select-sweep, docs/results/gpu/select-sweep-h200-e0a43f3.csv): radix2 (every
-#: decision on the device, no read back) is the fastest at 22 of the 25 points, 0.05-0.11 ms up to 4M
-#: elements at any density; at 25M it ties the sampled path at density 0.001 (0.156 against 0.153 ms) and
+#: decision on the device, no read back) is the fastest at 22 of the 25 points: 0.05-0.11 ms up to 1M
+#: elements at any density, 0.07-0.26 ms at 4M; at 25M it ties the sampled path at density 0.001 (0.156 against 0.153 ms) and
 #: loses to radix at 0.1 and 0.3 (1.04 against 0.81 ms, 1.29 against 1.17).  The earlier table (sample up to
 #: about 80,000 selected entries, radix beyond) was measured before radix2 existed (select-sweep-h200.csv).
 AUTO_TABLE: tuple[tuple[float, float, str], ...] = (

@@ -249,13 +249,13 @@ class HookState:
 
     def __init__(self, scheme: str, density: float, *, memory: bool = True, seed: int = 0, group: Any = None,
                  **options: Any):
-        from ..registry import scheme_class, validate_density
-        from ..runtimes import schemes_of
+        from ..registry import SCHEMES, scheme_class, validate_density
 
         cls = scheme_class(scheme)  # an unknown name fails here, before training starts
         if getattr(cls, "runtime", None) != "collective":
+            ours = sorted(n for n in SCHEMES if getattr(SCHEMES[n], "runtime", None) == "collective")
             raise ValueError(f"scheme {scheme!r} is not a data-parallel (collective) scheme; a DDP hook can run "
-                             f"{', '.join(schemes_of('collective'))}")
+                             f"{', '.join(ours)}")
         # a bad density or option (a wire_dtype the scheme does not take) is one line here, not at the first bucket
         validate_density(density)
         cls.validate_options(dict(options))
@@ -312,7 +312,7 @@ def comm_hook(scheme: str = "dense", density: float = 0.01, *, memory: bool = Tr
               group: Any = None, **scheme_options: Any) -> tuple[HookState, Any]:
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
 
-    ``scheme`` is any data-parallel scheme (``mpisparse.runtimes.schemes_of("collective")``: ``topk``,
+    ``scheme`` is any data-parallel scheme (the registry's schemes of runtime ``collective``: ``topk``,
     ``cltk``, ``deft``, ``gtopk``, ``oktopk``, ``dgc``, ``powersgd``, ``randomk``, ``threshold``, ``dct``,
     ``dense``) with its ``density`` and options, ``wire_dtype="float16"`` or ``"bfloat16"`` included, as
     ``mpisparse train`` takes them; a bad name, density or option is a ValueError here.  A scheme that
