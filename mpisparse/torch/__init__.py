@@ -204,9 +204,18 @@ class _DistributedMixin:
             flat.div_(self.gradient_predivide_factor)
 
     def _gather_grads(self) -> None:
-        """Copy ``.grad`` into the fusion buffer (torch ops on the device) and flag a non-finite value."""
+        """Copy ``.grad`` into the fusion buffer (torch ops on the device) and flag a non-finite value.
+        On a GPU the copies are one fused multi-tensor launch, not one launch per parameter."""
+        dst, src = [], []
         for p, view in zip(self.params, self._grad_views):
-            _gather(p, view)
+            g = p.grad
+            if g is not None and g.is_cuda and g.dtype == view.dtype and not _is_view(g, view):
+                dst.append(view)
+                src.append(g.detach())
+            else:
+                _gather(p, view)
+        if dst:
+            torch._foreach_copy_(dst, src)
         self._prepare(self._flat)
         # one read pass on the buffer's device (no temporary), one host read of the largest magnitude
         self._flag[0] = 0 if np.isfinite(backend.abs_max(self.buffer)) else 1
