@@ -61,8 +61,21 @@ def test_same_seed_gives_identical_losses(tmp_path, topk_run):
     assert c["metrics"]["final"]["test_loss"] != a["metrics"]["per_epoch"][0]["test_loss"]
 
 
-def test_json_contract_and_metrics(tmp_path):
-    p, r = train(tmp_path, "r", "--scheme", "topk", "--epochs", "2", "--density", "0.05")
+@pytest.fixture(scope="module")
+def two_scheme_run(tmp_path_factory):
+    """One run shared by the JSON contract and the plot: dense then topk at density 0.05, 2 epochs, --plot
+    (each launch costs seconds of imports). -> (the process, the results, the PNG's path)."""
+    d = tmp_path_factory.mktemp("two")
+    png = d / "p.png"
+    p, runs = train(d, "r", "--scheme", "dense", "--scheme", "topk", "--epochs", "2", "--density", "0.05",
+                    "--plot", str(png))
+    return p, runs, png
+
+
+def test_json_contract_and_metrics(two_scheme_run):
+    p, runs, _ = two_scheme_run
+    assert [x["scheme"] for x in runs] == ["dense", "topk"]
+    r = runs[1]
     for key in ("scheme", "world_size", "density_target", "density_actual", "bytes_sent_per_rank",
                 "phases", "step_seconds", "config", "metrics"):
         assert key in r
@@ -119,9 +132,8 @@ def test_save_at_4_resume_at_2_and_3_keeps_the_pending_mass_and_trains_on():
     rank_case("reshard", 4, family=TORCH_CASES)
 
 
-def test_plot_writes_a_png(tmp_path):
-    png = tmp_path / "p.png"
-    train(tmp_path, "p", "--scheme", "dense", "--scheme", "topk", "--epochs", "2", "--plot", str(png))
+def test_plot_writes_a_png(two_scheme_run):
+    png = two_scheme_run[2]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
