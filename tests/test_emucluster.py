@@ -60,15 +60,15 @@ def emu(*args, timeout=120, env=None, **kw):
     return subprocess.run([EMU, *args], capture_output=True, text=True, timeout=timeout, env=full, cwd=ROOT, **kw)
 
 
-def leftovers() -> list[str]:
-    """Namespaces, links and state of the test instance that still exist."""
+def leftovers(instance: str = INSTANCE) -> list[str]:
+    """Namespaces, links and state of an emulated-cluster instance (this module's by default) that still exist."""
     found = []
     ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
-    found += [line.split()[0] for line in ns if line.startswith(f"mh{INSTANCE}-")]
+    found += [line.split()[0] for line in ns if line.startswith(f"mh{instance}-")]
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
-    found += [line.split(": ")[1] for line in links if f"mpbr{INSTANCE}" in line.split(": ")[1]]
-    if Path(f"/run/mpisparse-emucluster/{INSTANCE}").exists():
-        found.append(f"/run/mpisparse-emucluster/{INSTANCE}")
+    found += [line.split(": ")[1] for line in links if f"mpbr{instance}" in line.split(": ")[1]]
+    if Path(f"/run/mpisparse-emucluster/{instance}").exists():
+        found.append(f"/run/mpisparse-emucluster/{instance}")
     return found
 
 

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_emucluster import WHY_NOT as CLUSTER_WHY_NOT
+from test_emucluster import WHY_NOT as CLUSTER_WHY_NOT, leftovers as cluster_leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU = str(ROOT / "bin" / "emucluster")
@@ -62,14 +62,7 @@ def emu(*args, timeout=300, **kw):
 
 
 def leftovers() -> list[str]:
-    found = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                       text=True).stdout.splitlines()
-             if line.startswith(f"mh{INSTANCE}-")]
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
-    found += [line.split(": ")[1] for line in links if f"mpbr{INSTANCE}" in line.split(": ")[1]]
-    if Path(f"/run/mpisparse-emucluster/{INSTANCE}").exists():
-        found.append(f"/run/mpisparse-emucluster/{INSTANCE}")
-    return found
+    return cluster_leftovers(INSTANCE)
 
 
 @pytest.fixture
@@ -98,6 +91,15 @@ def rows(path: Path) -> int:
         return max(0, len(path.read_text().splitlines()) - 1)
     except OSError:
         return 0
+
+
+def wait_rows(path: Path, n: int, seconds: float) -> int:
+    """Wait until the run's per-step CSV holds ``n`` steps (or ``seconds`` pass); the steps it holds then.
+    Looked at every 20 ms: an epoch of this small net can pass within 0.1 s."""
+    deadline = time.monotonic() + seconds
+    while rows(path) < n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return rows(path)
 
 
 # --------------------------------------------------------------------------- no root needed
@@ -213,12 +215,8 @@ def test_link_down_5s_mid_run_completes_identically(clean, clean_run, tmp_path):
     downed = {}
 
     def take_down():  # once training runs (2 steps logged), host 3's link goes down for 5 s
-        # (not later: an epoch's 12 steps of this small net can pass between two looks 0.1 s apart, and a CI
-        # run once saw the whole second epoch at once, the outage after the last step)
-        deadline = time.monotonic() + 240
-        while rows(steps) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        downed["at_step"] = rows(steps)
+        # (not later: a CI run once saw the whole second epoch at once, the outage after the last step)
+        downed["at_step"] = wait_rows(steps, 2, 240)
         downed["p"] = emu("link-down", "3", "5")
 
     t = threading.Thread(target=take_down)
@@ -243,9 +241,7 @@ def test_long_outage_ends_at_the_timeout_with_a_checkpoint_to_resume(clean, clea
     result = {}
 
     def take_down():  # in epoch 2 (12 steps an epoch; the first epoch's checkpoint is written), down for 2 minutes
-        deadline = time.monotonic() + timeout
-        while rows(steps) < 14 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_rows(steps, 13, timeout)
         result["p"] = subprocess.Popen([EMU, "link-down", "3", "120"], stderr=subprocess.PIPE, text=True,
                                        env=dict(os.environ, EMUCLUSTER_INSTANCE=INSTANCE))
 
