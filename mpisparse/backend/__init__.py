@@ -224,9 +224,13 @@ def topk_abs(x, k: int, **kw):
     return kernels(x).topk_abs(x, k, **kw)
 
 
-def threshold_select(x, t: float, **kw):
-    """Indices of the entries with ``|x| >= t``."""
-    return kernels(x).threshold_select(x, t, **kw)
+def threshold_select(x, t: float, *, ordered: bool = False, **kw):
+    """Indices of the entries with ``|x| >= t``: ascending on the host (the NumPy kernel's scan), in no
+    particular order on a device (atomic appends) unless ``ordered``, which sorts them there only."""
+    idx = kernels(x).threshold_select(x, t, **kw)
+    if ordered and array_module(idx) is not np:
+        idx = array_module(idx).sort(idx)
+    return idx
 
 
 def estimate_threshold(x, k: int, **kw) -> float:

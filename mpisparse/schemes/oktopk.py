@@ -159,9 +159,9 @@ class OkTopk(CollectiveScheme):
             # one scalar read; density 1 keeps every entry at every step (0, not the smallest magnitude)
             self.local_threshold = float(xp.abs(acc[idx]).min()) if len(idx) and self.k < self.n else 0.0
             return idx
-        # sorted here: the NumPy kernel returns ascending indices, the CuPy kernel "in no particular order"
-        # (atomic appends); steps 4 and 9 need them ascending (one contiguous run per region, in_sorted)
-        return xp.sort(backend.threshold_select(acc, self.local_threshold, scratch=self._scratch))
+        # steps 4 and 9 need them ascending (one contiguous run per region, in_sorted): a device kernel's
+        # appends are sorted, the host's scan already is
+        return backend.threshold_select(acc, self.local_threshold, scratch=self._scratch, ordered=True)
 
     def _global_threshold(self, mags) -> float:
         """Step 5 on an estimation step: the ``k``-th largest of every rank's ``mags`` (0 when at most k)."""
