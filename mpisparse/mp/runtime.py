@@ -47,6 +47,7 @@ from ..results.provenance import gather_provenance
 from ..schemes import SCHEMES, CollectiveScheme
 from ..results.timing import PHASES, PhaseTimer, reduce_over_ranks
 from ..torch import DistributedOptimizer
+from ..torch.sgd import SGD
 from ..train.core import LoopState, StepOutcome, TrainStep, mean_over_ranks, run_loop
 from .config import MPConfig
 from .link import ActivationLink
@@ -131,9 +132,8 @@ class MPTrainer(TrainStep):
         dp_opts = dict(mp.dp_options)
         if dp_cls.provides_momentum:
             dp_opts.setdefault("momentum", cfg.momentum)
-        self.sgd = torch.optim.SGD(self.module.parameters(), lr=cfg.lr,
-                                   momentum=0.0 if dp_cls.provides_momentum else cfg.momentum,
-                                   weight_decay=cfg.weight_decay)
+        self.sgd = SGD(self.module.parameters(), lr=cfg.lr,
+                       momentum=0.0 if dp_cls.provides_momentum else cfg.momentum, weight_decay=cfg.weight_decay)
         self.dp_density = cfg.density if mp.dp_density is None else mp.dp_density
         # one replica with the dense scheme: nothing to exchange, step the optimizer directly
         self.dopt = None

@@ -60,6 +60,7 @@ import torch
 from ..data import iterate_batches, lm_batches
 from ..backend.fusion import FusionLayout
 from ..registry import create
+from ..torch.sgd import SGD
 from ..results.timing import PhaseTimer
 from ..train.core import LoopState, Preempted, StepOutcome, open_checkpoint, run_loop
 from ..train.loop import ModelStep, evaluate, seeded_setup
@@ -174,7 +175,7 @@ class WorkerStep(ModelStep):
         self.comm, self.scheme, self.params, self.layout, self.w = comm, scheme, params, layout, w
         self.worker = scheme.make_worker(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                                          timer=timer)
-        self.opt = (torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        self.opt = (SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
                     if scheme.local_optimizer else None)
         self.g = layout.zeros()
         self.g_views = layout.unflatten(self.g)

@@ -36,6 +36,7 @@ from ..config import TrainConfig
 from ..results.build import collective_result
 from ..results.timing import PhaseTimer
 from ..torch import DistributedOptimizer
+from ..torch.sgd import SGD
 from .core import LoopState, Preempted, StepOutcome, TrainStep, mean_over_ranks, run_loop
 
 __all__ = ["CollectiveStep", "ModelStep", "Preempted", "evaluate", "run_training", "seeded_setup"]
@@ -146,7 +147,7 @@ class CollectiveStep(ModelStep):
         opts = dict(cfg.scheme_options)
         if provides_momentum:
             opts.setdefault("momentum", cfg.momentum)
-        sgd = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.0 if provides_momentum else cfg.momentum,
+        sgd = SGD(model.parameters(), lr=cfg.lr, momentum=0.0 if provides_momentum else cfg.momentum,
                               weight_decay=cfg.weight_decay)
         self.dopt = DistributedOptimizer(sgd, model, cfg.scheme, cfg.density, comm=comm, timer=self.timer,
                                          memory=cfg.memory, seed=cfg.seed, overlap=cfg.overlap, **opts)
