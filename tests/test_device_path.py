@@ -222,7 +222,8 @@ def expected_staging_d2h(key: str, rank: int, world: int, step: int, calls: dict
     return 2  # Allgatherv of indices and of values (deft: indices Allgatherv, values Allreduce)
 
 
-@pytest.fixture(scope="module", params=[1, 2])
+#: one rank: the same path without a peer (extended: CI runs it, the default suite the two-rank job)
+@pytest.fixture(scope="module", params=[pytest.param(1, marks=pytest.mark.extended), 2])
 def device_runs(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("devpath") / "report.json"
     mpi_run(request.param, [str(HERE / "mpi" / "device_path.py"), str(out), "both"], timeout=600)

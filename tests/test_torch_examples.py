@@ -17,8 +17,11 @@ def _checksums(out: str) -> dict[int, str]:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("script,args", [
     ("pytorch_mnist.py", ["--epochs", "1"]),
-    ("pytorch_mnist.py", ["--epochs", "1", "--scheme", "deft", "--density", "0.1"]),
-    ("pytorch_synthetic_benchmark.py", ["--num-iters", "1", "--num-batches-per-iter", "2"]),
+    # each example's other form (the default suite runs one of each; extended: CI runs these)
+    pytest.param("pytorch_mnist.py", ["--epochs", "1", "--scheme", "deft", "--density", "0.1"],
+                 marks=pytest.mark.extended),
+    pytest.param("pytorch_synthetic_benchmark.py", ["--num-iters", "1", "--num-batches-per-iter", "2"],
+                 marks=pytest.mark.extended),
     ("pytorch_synthetic_benchmark.py", ["--num-iters", "1", "--num-batches-per-iter", "2", "--scheme", "deft",
                                         "--density", "0.05", "--fp16-allreduce"]),
 ])
