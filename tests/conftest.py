@@ -13,10 +13,12 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 import tempfile
+import textwrap
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,8 +348,33 @@ def pytest_collection_modifyitems(config, items):
         if FALLBACK_USE.search(text):
             item.add_marker(pytest.mark.fallback)
     # the tests that run no MPI first (one core), while the compiled loops are warmed on the other
-    # (:func:`pytest_sessionstart`); then those that launch jobs, each module's tests still together
+    # (:func:`pytest_configure`); then those that launch jobs, each module's tests still together
     items.sort(key=lambda item: item.get_closest_marker("mpi") is not None)
+
+
+LANE_MPI, LANE_UNIT = "mpi-jobs", "unit-tests"
+
+
+def lane_of(nodeid: str, root: Path = HERE.parent) -> str:
+    """The lane of a test under two workers: the modules that run MPI (:data:`MPI_USE`) in one, the rest in
+    the other."""
+    path = root / nodeid.split("::", 1)[0]
+    return LANE_MPI if path.is_file() and MPI_USE.search(_module_text(path)) else LANE_UNIT
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Two workers (``-n 2``, setup.cfg) as two lanes, one worker each: every MPI job on one, so an MPI job
+    never shares the cores with another (ranks that wait poll, and would take each other's turns), and the
+    unit tests on the other, filling what the jobs leave idle (launches, waits on signals and steps,
+    one-rank jobs).  (pytest-xdist's own ``loadgroup`` cannot do it under pytest 9, whose node ids it
+    can no longer rename.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Lanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return lane_of(nodeid, Path(str(config.rootpath)))
+
+    return Lanes(config, log)
 
 
 #: the mpiexec an unmarked test gets (:func:`_unmarked_tests_run_no_mpi`): it answers a launcher's
@@ -426,21 +453,62 @@ for idt in (np.int32, np.int64):
 """
 
 
-def pytest_sessionstart(session):
-    session.config._mpisparse_t0 = time.monotonic()
+#: a file the warm-up writes when it is done: the MPI lane's first job waits for it (:func:`_compiled_loops_warm`)
+WARM_DONE_ENV = "MPISPARSE_TEST_WARM_DONE"
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")  # a pytest-xdist worker (the controller and a plain run have none)
+
+
+def pytest_configure(config):
+    """The run's controller (pytest alone, or xdist's controller before it starts its workers, which inherit
+    the environment) starts the warm-up of the compiled loops and names the file it writes when done."""
+    if _is_worker(config):
+        return
+    config._mpisparse_t0 = time.monotonic()
     if importlib.util.find_spec("numba") is not None and os.environ.get("MPISPARSE_FUSED", "1") != "0":
-        session.config._mpisparse_warm = subprocess.Popen(
-            [sys.executable, "-c", WARM_COMPILED], cwd=HERE.parent, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1", MPI4PY_RC_INITIALIZE="0"))
+        config._mpisparse_warm_dir = tempfile.mkdtemp(prefix="mpisparse-warm-")
+        done = Path(config._mpisparse_warm_dir) / "done"
+        os.environ[WARM_DONE_ENV] = str(done)
+        config._mpisparse_warm = subprocess.Popen(
+            [sys.executable, "-c", "try:\n" + textwrap.indent(WARM_COMPILED, "    ")
+             + f"finally:\n    open({str(done)!r}, 'w').close()\n"], cwd=HERE.parent,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=dict(os.environ, OMP_NUM_THREADS="1", MPI4PY_RC_INITIALIZE="0"))
 
 
-def pytest_sessionfinish(session, exitstatus):
-    warm = getattr(session.config, "_mpisparse_warm", None)
+#: how long the first MPI test waits for the warm-up (a fresh clone compiles for about 30 s of one core)
+WARM_WAIT_S = 180
+_warm_waited = False
+
+
+@pytest.fixture(autouse=True)
+def _compiled_loops_warm(request):
+    """An MPI test starts after the warm-up finished (or failed, or :data:`WARM_WAIT_S` passed): otherwise
+    every rank of the first jobs would compile the same loops at once."""
+    global _warm_waited
+    path = os.environ.get(WARM_DONE_ENV)
+    if not _warm_waited and path and request.node.get_closest_marker("mpi") is not None:
+        _warm_waited = True
+        deadline = time.monotonic() + WARM_WAIT_S
+        while not Path(path).exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    yield
+
+
+def pytest_unconfigure(config):
+    warm = getattr(config, "_mpisparse_warm", None)
     if warm is not None and warm.poll() is None:
         warm.kill()
         warm.wait()
+    if getattr(config, "_mpisparse_warm_dir", None):
+        shutil.rmtree(config._mpisparse_warm_dir, ignore_errors=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
     t0 = getattr(session.config, "_mpisparse_t0", None)
-    if t0 is None:
+    if t0 is None:  # an xdist worker: the controller judges the whole run
         return
     verdict = suite_budget_verdict(time.monotonic() - t0, os.environ.get(BUDGET_ENV))
     if verdict is not None:
