@@ -347,6 +347,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.mpi)
         if FALLBACK_USE.search(text):
             item.add_marker(pytest.mark.fallback)
+    # every MPI test in the MPI lane (:func:`lane_of`), or two of their jobs could share the cores
+    strays = [i.nodeid for i in items if i.get_closest_marker("mpi") is not None and lane_of(i.nodeid) != LANE_MPI]
+    if strays:
+        raise pytest.UsageError(f"{strays[0]} is marked mpi but its module is in the unit lane "
+                                "(tests/conftest.py lane_of): write pytest.mark.mpi in its module")
     # the tests that run no MPI first (one core), while the compiled loops are warmed on the other
     # (:func:`pytest_configure`); then those that launch jobs, each module's tests still together
     items.sort(key=lambda item: item.get_closest_marker("mpi") is not None)
@@ -356,12 +361,14 @@ LANE_MPI, LANE_UNIT = "mpi-jobs", "unit-tests"
 
 
 def lane_of(nodeid: str, root: Path = HERE.parent) -> str:
-    """The lane of a test under two workers: the modules that run MPI (:data:`MPI_USE`) in one, the rest in
-    the other."""
+    """The lane of a test under two workers: the modules that run MPI (:data:`MPI_USE`, or a test marked
+    ``mpi`` by hand) in one, the rest in the other."""
     path = root / nodeid.split("::", 1)[0]
-    return LANE_MPI if path.is_file() and MPI_USE.search(_module_text(path)) else LANE_UNIT
+    text = _module_text(path) if path.is_file() else ""
+    return LANE_MPI if MPI_USE.search(text) or "mark.mpi" in text else LANE_UNIT
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (``-p no:xdist``) one process runs all
 def pytest_xdist_make_scheduler(config, log):
     """Two workers (``-n 2``, setup.cfg) as two lanes, one worker each: every MPI job on one, so an MPI job
     never shares the cores with another (ranks that wait poll, and would take each other's turns), and the

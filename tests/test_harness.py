@@ -99,3 +99,10 @@ def test_rank_case_reads_its_groups_one_job(monkeypatch):
     assert len(launches) == 1
     with pytest.raises(AssertionError, match="raise 0 on 2 ranks"):
         conftest.rank_case(("case_demo", "raise", "0"), 2)
+
+
+def test_two_lanes_put_every_module_that_runs_mpi_on_one_worker():
+    assert conftest.lane_of("tests/test_mpi_core.py::test_communicator[3]") == conftest.LANE_MPI
+    assert conftest.lane_of("tests/faults/test_fault_network.py::test_x") == conftest.LANE_MPI  # marked by hand
+    assert conftest.lane_of("tests/test_kernels.py::test_topk_random_small[1]") == conftest.LANE_UNIT
+    assert conftest.lane_of("tests/test_sgd.py::test_zero_grad_and_bad_options") == conftest.LANE_UNIT
