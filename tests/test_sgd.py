@@ -3,6 +3,7 @@ layout both ways, and a data-parallel step built by ``train`` that never imports
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,6 @@ print("torch._dynamo" in sys.modules, "torch" in sys.modules)
 def test_a_data_parallel_training_step_imports_no_torch_dynamo():
     here = Path(__file__).parent
     out = subprocess.run([sys.executable, "-c", STEP_IMPORTS], capture_output=True, text=True, timeout=120,
-                         cwd=here, env={**__import__("os").environ, "PYTHONPATH": f"{here}:{here.parent}"})
+                         cwd=here, env={**os.environ, "PYTHONPATH": f"{here}:{here.parent}"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split() == ["False", "True"], out.stdout
