@@ -316,6 +316,13 @@ FAULTS = HERE / "faults"
 #: in a subprocess (a singleton MPI process), mpi4py itself, a communicator opened in the test's own process
 MPI_USE = re.compile(r"\b(mpi_run|rank_script|rank_case|run_cases|bench_step|mpiexec_prefix|find_mpiexec|open_comm)\(|\bmpi4py\b"
                      r"|\bdef test_\w+\([^)]*\bmpirun\b|[\"']-n[\"']|[\"']-m[\"'],\s*[\"']mpisparse[\"']")
+#: what launches ranks that wait on each other (a job of ``-n`` ranks, or a launcher): such a module's tests run in
+#: the MPI lane whatever it declares
+MULTI_RANK = re.compile(r"\b(mpi_run|rank_script|rank_case|run_cases|bench_step|mpiexec_prefix|find_mpiexec)\("
+                        r"|\bdef test_\w+\([^)]*\bmpirun\b|[\"']-n[\"']")
+#: what a module that runs MPI in one process only (``python -m mpisparse`` without ``-n``: a singleton, no rank
+#: waits on another, so it takes one core) writes to run in the unit lane
+ONE_PROCESS = re.compile(r"^ONE_PROCESS_MPI = True\b", re.M)
 #: what says it exercises the compiled loops or their plain NumPy fallback (numba installed or not)
 FALLBACK_USE = re.compile(r"\b(numba|compiled|fused|MPISPARSE_FUSED)\b")
 
@@ -347,8 +354,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.mpi)
         if FALLBACK_USE.search(text):
             item.add_marker(pytest.mark.fallback)
-    # every MPI test in the MPI lane (:func:`lane_of`), or two of their jobs could share the cores
-    strays = [i.nodeid for i in items if i.get_closest_marker("mpi") is not None and lane_of(i.nodeid) != LANE_MPI]
+    # every MPI test in the MPI lane (:func:`lane_of`), or two of their jobs could share the cores; only a module
+    # that runs one MPI process at a time, and says so, in the unit lane
+    for item in items:
+        text = _module_text(Path(str(item.fspath)))
+        if ONE_PROCESS.search(text) and MULTI_RANK.search(text):
+            raise pytest.UsageError(f"{item.nodeid}: its module says ONE_PROCESS_MPI but launches ranks "
+                                    f"({MULTI_RANK.search(text).group(0)!r}); remove the declaration")
+    strays = [i.nodeid for i in items if i.get_closest_marker("mpi") is not None and lane_of(i.nodeid) != LANE_MPI
+              and not ONE_PROCESS.search(_module_text(Path(str(i.fspath))))]
     if strays:
         raise pytest.UsageError(f"{strays[0]} is marked mpi but its module is in the unit lane "
                                 "(tests/conftest.py lane_of): write pytest.mark.mpi in its module")
@@ -362,10 +376,13 @@ LANE_MPI, LANE_UNIT = "mpi-jobs", "unit-tests"
 
 def lane_of(nodeid: str, root: Path = HERE.parent) -> str:
     """The lane of a test under two workers: the modules that run MPI (:data:`MPI_USE`, or a test marked
-    ``mpi`` by hand) in one, the rest in the other."""
+    ``mpi`` by hand) in one, the rest in the other, with those that run one MPI process at a time and say so
+    (:data:`ONE_PROCESS`, and none of :data:`MULTI_RANK`)."""
     path = root / nodeid.split("::", 1)[0]
     text = _module_text(path) if path.is_file() else ""
-    return LANE_MPI if MPI_USE.search(text) or "mark.mpi" in text else LANE_UNIT
+    if not (MPI_USE.search(text) or "mark.mpi" in text):
+        return LANE_UNIT
+    return LANE_UNIT if ONE_PROCESS.search(text) and not MULTI_RANK.search(text) else LANE_MPI
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: without it (``-p no:xdist``) one process runs all

@@ -12,6 +12,9 @@ from mpisparse.bench import advise as adv
 from mpisparse.bench import costmodel as cm
 from mpisparse.cli import cli
 
+#: MPI here is one process at a time (a command without ``-n``): the unit lane (tests/conftest.py lane_of)
+ONE_PROCESS_MPI = True
+
 N = 11_689_512  # resnet18
 LAT = 50e-6
 

@@ -52,7 +52,8 @@ def test_help_lists_registry_schemes_and_their_options():
 
 
 def _commands(group, path=()):
-    for name, cmd in sorted(group.commands.items()):
+    for name in group.list_commands(None):  # every command, a lazily loaded one too (LazyGroup)
+        cmd = group.get_command(None, name)
         if hasattr(cmd, "commands"):
             yield from _commands(cmd, path + (name,))
         else:

@@ -10,6 +10,9 @@ from mpisparse.cli import cli
 from mpisparse.config import BenchConfig, ConfigMismatch, MPConfig, TrainConfig, check_agreement
 from mpisparse.runtimes import validate
 
+#: MPI here is one process at a time (a command without ``-n``): the unit lane (tests/conftest.py lane_of)
+ONE_PROCESS_MPI = True
+
 
 @pytest.mark.parametrize("kw, message", [
     ({"density": 0.0}, "--density 0.0 is not in the allowed range (0, 1]"),

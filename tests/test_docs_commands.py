@@ -131,8 +131,8 @@ def substitute(arg: str) -> str:
 def every_command(cmd: click.Command):
     yield cmd
     if isinstance(cmd, click.Group):
-        for sub in cmd.commands.values():
-            yield from every_command(sub)
+        for name in cmd.list_commands(None):  # every command, a lazily loaded one too (LazyGroup)
+            yield from every_command(cmd.get_command(None, name))
 
 
 @pytest.fixture

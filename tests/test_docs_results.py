@@ -19,6 +19,9 @@ import pytest
 
 import docs_results as dr
 
+#: MPI here is one process at a time (a command without ``-n``): the unit lane (tests/conftest.py lane_of)
+ONE_PROCESS_MPI = True
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 

@@ -25,6 +25,9 @@ from mpisparse.backend import cupy_kernels as ck
 from mpisparse.backend import cupy_launch
 from mpisparse.backend import numpy_kernels as nk
 
+#: MPI here is one process at a time (a command without ``-n``): the unit lane (tests/conftest.py lane_of)
+ONE_PROCESS_MPI = True
+
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_DIR = ROOT / "mpisparse" / "backend" / "cuda"
 SOURCES = sorted(CUDA_DIR.glob("*.cu"))

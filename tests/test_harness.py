@@ -106,3 +106,15 @@ def test_two_lanes_put_every_module_that_runs_mpi_on_one_worker():
     assert conftest.lane_of("tests/faults/test_fault_network.py::test_x") == conftest.LANE_MPI  # marked by hand
     assert conftest.lane_of("tests/test_kernels.py::test_topk_random_small[1]") == conftest.LANE_UNIT
     assert conftest.lane_of("tests/test_sgd.py::test_zero_grad_and_bad_options") == conftest.LANE_UNIT
+    # MPI in one process at a time, declared (ONE_PROCESS_MPI): the unit lane
+    assert conftest.lane_of("tests/test_config.py::test_x") == conftest.LANE_UNIT
+
+
+def test_a_module_that_launches_ranks_cannot_declare_one_process(tmp_path):
+    one = "ONE_PROCESS_MPI = True\n"
+    (tmp_path / "test_single.py").write_text(one + "run([sys.executable, '-m', 'mpisparse', 'train'])\n")
+    (tmp_path / "test_ranks.py").write_text(one + "run([sys.executable, '-m', 'mpisparse', 'train', '-n', '2'])\n")
+    (tmp_path / "test_undeclared.py").write_text("run([sys.executable, '-m', 'mpisparse', 'train'])\n")
+    assert conftest.lane_of("test_single.py::t", tmp_path) == conftest.LANE_UNIT
+    assert conftest.lane_of("test_ranks.py::t", tmp_path) == conftest.LANE_MPI
+    assert conftest.lane_of("test_undeclared.py::t", tmp_path) == conftest.LANE_MPI

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import compiled_segments  # the segmented top-k as one compiled loop (optional, numba)
 from . import index_dtype  # the one place the index width is decided
 from . import numpy_select as _sel  # the selection tunables, read at call time
 from .numpy_segments import _segment_ks, _segments
@@ -211,6 +210,8 @@ def segment_topk_abs(x, starts, sizes, ks, *, rng=None, scratch=None) -> np.ndar
     if out.size == 0:
         return out
     rng = _get_rng(rng)
+    from . import compiled_segments  # the compiled loop (numba), imported on first use: not at a rank's start
+
     if compiled_segments.enabled() and x.flags.c_contiguous:  # the compiled loop: every segment in one call
         if compiled_segments.segment_topk(x, st, sz, k, _segc_sizing(), int(rng.integers(1 << 32)), out,
                                           _sel.MAX_RETRIES):

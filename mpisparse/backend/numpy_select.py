@@ -47,7 +47,6 @@ import math
 
 import numpy as np
 
-from . import compiled  # the optional numba loops (imports nothing of the package)
 from . import index_dtype  # the one place the index width is decided
 
 #: Elements per chunk of the streaming passes (1 << 17 measured fastest for
@@ -207,7 +206,10 @@ def _select_ge(x: np.ndarray, t, fbuf: np.ndarray, idt) -> np.ndarray:
 
 def _fast_select_ge(x: np.ndarray, t, cap: int, idt):
     """The compiled candidate pass (:func:`mpisparse.backend.compiled.select_ge`: one read of ``x``) when numba
-    is enabled, else None (then :func:`_select_ge`, the same indices, runs)."""
+    is enabled, else None (then :func:`_select_ge`, the same indices, runs).  Imported on the first selection:
+    a rank that selects nothing does not import numba before its first step."""
+    from . import compiled  # the optional numba loops (imports nothing of the package)
+
     return compiled.select_ge(x, t, cap, idt)
 
 

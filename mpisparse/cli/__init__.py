@@ -18,23 +18,18 @@ under ``mpiexec -n W``; under ``mpiexec``/``srun`` it checks the job size.
 Nothing outside this package imports it.
 """
 
-from .advise import advise, advise_steps
-from .bench import bench
-from .bench_tta import bench_tta
-from .info import info
-from .jobs import jobs
 from .main import cli, main
-from .reproduce import reproduce
 from .session import open_comm
-from .train import train
 
 __all__ = ["cli", "main", "open_comm"]
 
-cli.add_command(info)
-cli.add_command(bench)
-bench.add_command(bench_tta)
-cli.add_command(train)
-cli.add_command(jobs)
-cli.add_command(reproduce)
-cli.add_command(advise)
-cli.add_command(advise_steps)
+# Each command's module is imported when that command runs: `train` does not pay for `bench`'s imports.
+cli.lazy.update({
+    "info": "mpisparse.cli.info:info",
+    "bench": "mpisparse.cli.bench:bench",
+    "train": "mpisparse.cli.train:train",
+    "jobs": "mpisparse.cli.jobs:jobs",
+    "reproduce": "mpisparse.cli.reproduce:reproduce",
+    "advise": "mpisparse.cli.advise:advise",
+    "advise-steps": "mpisparse.cli.advise:advise_steps",
+})

@@ -498,3 +498,8 @@ def bench_scaling(worlds, densities, models, schemes, no_baseline, iters, warmup
     except RunFailed as e:
         raise click.ClickException(f"{e} (the finished jobs' JSON is in {out_dir})") from None
     output.scaling_outputs(results, json_path, csv_path, plot_path, out_dir=out_dir)
+
+
+from .bench_tta import bench_tta  # noqa: E402 - bench_tta's module imports this one's siblings only
+
+bench.add_command(bench_tta)

@@ -33,7 +33,7 @@ def args_checker(root: click.Group) -> Callable[[str, list[str]], None]:
     def check(command: str, words: list[str]) -> None:
         cmd: Any = root
         for word in command.split():
-            cmd = cmd.commands[word]
+            cmd = cmd.get_command(None, word)
         ctx = click.Context(cmd, info_name=f"mpisparse {command}")
         try:
             opts, extra, _ = cmd.make_parser(ctx).parse_args(list(words))

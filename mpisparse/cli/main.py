@@ -8,6 +8,7 @@ added to :data:`cli` by :mod:`mpisparse.cli`.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -19,10 +20,32 @@ from .. import __version__
 from ..mpi.launch import abort_job, env_rank, report_started, under_mpi_launcher, under_torchrun
 from . import session
 
-__all__ = ["cli", "main"]
+__all__ = ["LazyGroup", "cli", "main"]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group that imports a command's module only when that command runs (or ``--help`` lists it).
+
+    ``lazy`` maps a command's name to ``"module:attribute"``, so that
+    ``mpisparse train`` does not import what ``bench`` or ``advise`` need
+    (numba's compiled loops, the cost model) before its first step.
+    """
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            module, attr = self.lazy[cmd_name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="mpisparse")
 def cli() -> None:
     """Sparsified gradient communication over MPI: schemes, benchmarks, training.

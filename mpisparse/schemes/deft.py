@@ -108,7 +108,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import backend
-from ..backend import compiled_compensate, numpy_segment_topk, numpy_select, reference
+from ..backend import numpy_segment_topk, numpy_select, reference
 from .deft_partition import (Layer, assign_local_k, bin_pack, decode_bins, encode_bins, leader, my_part, split_large,
                              two_stage_partition)
 from .deft_selection import predicted_speedup, selection_cost
@@ -140,6 +140,14 @@ __all__ = ["Deft", "deft_layers", "layer_norms", "local_k", "select_layers",
 #: a bin's ideal load by at most ``1 / PACK_PIECES``.
 PACK_PIECES = 8
 
+
+
+def _compiled():
+    """:mod:`mpisparse.backend.compiled_compensate`, imported on DEFT's first use (it imports numba:
+    about 0.2 s that a rank running another scheme should not pay before its first step)."""
+    from ..backend import compiled_compensate
+
+    return compiled_compensate
 
 def deft_layers(layout, world_size: int) -> list[Layer]:
     """Alg. 2 on a fusion layout, its tensors split for ``world_size`` workers,
@@ -371,7 +379,7 @@ class Deft(Scheme):
                 idx = select_layers(acc, self.layers, ks, part, self._scratch, self._spans,  # Alg. 1 l.6 = Alg. 5
                                     self.select_kernel)
             else:  # Alg. 5 from the pass's candidates; a layer whose k they fall short of is read again
-                idx, short = compiled_compensate.take_candidates(cands, ks)
+                idx, short = _compiled().take_candidates(cands, ks)
                 self.last_reselected = int(short.sum())
                 if self.last_reselected:
                     again = select_layers(acc, self.layers, ks, part[short], self._scratch, self._spans)
@@ -406,7 +414,7 @@ class Deft(Scheme):
         (:meth:`CollectiveScheme.warm_up`)."""
         if self.xp is not np:
             return ()
-        if not compiled_compensate.warm_up(numpy_segment_topk._segc_sizing(), backend.index_dtype(self.n)):
+        if not _compiled().warm_up(numpy_segment_topk._segc_sizing(), backend.index_dtype(self.n)):
             return ()
         return ("compensate_norms", "segment_topk")
 
@@ -425,12 +433,12 @@ class Deft(Scheme):
         if residual is not None:
             if part is not None and self._prev_ks is not None and self.select_kernel == "native":
                 guess = self._prev_ks + (self._prev_ks + 3) // 4
-                got = compiled_compensate.compensate_norms_candidates(
+                got = _compiled().compensate_norms_candidates(
                     residual, grad, *self._spans, part, guess, numpy_segment_topk._segc_sizing(),
                     int(numpy_select._get_rng(None).integers(1 << 32)))
                 if got is not None:
                     return residual, got[0], got[1]
-            norms = compiled_compensate.compensate_norms(residual, grad, *self._spans)
+            norms = _compiled().compensate_norms(residual, grad, *self._spans)
             if norms is not None:
                 return residual, norms, None
         return self.memory.compensate(grad), None, None

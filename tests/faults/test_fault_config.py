@@ -32,7 +32,7 @@ def test_every_option_is_compared_or_allow_listed(command, cfg_cls):
 
     cmd = cli
     for name in command:
-        cmd = cmd.commands[name]
+        cmd = cmd.get_command(None, name)
     own = _field_names(cfg_cls)
     nested = {f"mp.{n}" for n in _field_names(MPConfig)} if cfg_cls is TrainConfig else set()
     scheme_opts = set(all_options())
@@ -52,8 +52,8 @@ def test_every_option_is_compared_or_allow_listed(command, cfg_cls):
 def test_allow_list_names_only_real_options():
     from mpisparse.cli import cli
 
-    names = {p.name for p in cli.commands["train"].params} | {p.name for p in
-                                                              cli.commands["bench"].commands["step"].params}
+    names = ({p.name for p in cli.get_command(None, "train").params}
+             | {p.name for p in cli.get_command(None, "bench").get_command(None, "step").params})
     assert set(CLI_ONLY_OPTIONS) <= names
     assert all(reason.strip() for reason in CLI_ONLY_OPTIONS.values())
 

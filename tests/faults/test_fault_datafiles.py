@@ -12,6 +12,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+#: MPI here is one process at a time (a command without ``-n``): the unit lane (tests/conftest.py lane_of)
+ONE_PROCESS_MPI = True
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = 1 + 3 * 32 * 32
 
