@@ -192,14 +192,20 @@ def test_a_mismatch_says_how_far_and_whether_it_is_within_the_noise():
     v = adv.validate(res, {"rows": rows})
     assert not v["winner_agrees"] and v["measured_winner"] == other["scheme"] and v["gap"] > 0
     assert (v["slower_turns"], v["turns"], v["within_noise"]) == (3, 4, True)
-    assert "slower in 3 of 4 turns: within the noise" in adv.format_validation(v)
-    other["step_samples_seconds"] = [1.1, 3.2, 1.6, 2.1]  # faster in every turn
+    assert "slower in 3 of 4 turns, sign test p = 0.31: within the noise" in adv.format_validation(v)
+    assert set(v["tied"]) == set(adv.ADVISE_SCHEMES)  # the rest were slower in every turn, but 4 turns cannot say
+    other["step_samples_seconds"] = [1.1, 3.2, 1.6, 2.1]  # faster in every turn: 4 of 4 is p = 1/16, still noise
     v = adv.validate(res, {"rows": rows})
-    assert (v["slower_turns"], v["within_noise"]) == (4, False) and "beyond the noise" in adv.format_validation(v)
+    assert (v["slower_turns"], v["within_noise"]) == (4, True)
+    for r in rows:  # eight turns, faster in every one: p = 1/256, beyond the noise
+        r["step_samples_seconds"] = r["step_samples_seconds"] * 2
+    v = adv.validate(res, {"rows": rows})
+    assert (v["slower_turns"], v["turns"], v["within_noise"]) == (8, 8, False)
+    assert "beyond the noise" in adv.format_validation(v) and v["tied"] == [other["scheme"]]
     for r in rows:  # an older measurement without per-step times: plain medians, no noise verdict
         del r["step_samples_seconds"]
     v = adv.validate(res, {"rows": rows})
-    assert not v["paired"] and v["within_noise"] is None
+    assert not v["paired"] and v["within_noise"] is None and v["tied"] is None
     assert v["rows"][0]["measured_seconds"] == v["rows"][0]["measured_median_seconds"]
 
 
@@ -215,3 +221,64 @@ def test_the_hidden_share_and_the_overheads_are_paired_by_turn(tmp_path):
     for r in rows:
         del r["step_samples_seconds"]
     assert adv.hidden_share_from(m) == 0.9
+
+
+def test_measured_bytes_scale_the_exchange_bandwidth_term_only(tmp_path):
+    s = setting(world=4, hosts=4)
+    k = int(0.01 * N)
+    from mpisparse.schemes.oktopk import oktopk_bound_bytes
+
+    assert adv.model_bytes("oktopk", s) == pytest.approx(oktopk_bound_bytes(k, 4, 4))
+    assert adv.model_bytes("dense", s) == pytest.approx(2 * 3 / 4 * N * 4)
+    p = tmp_path / "steps.json"
+    p.write_text(json.dumps({"world_size": 4, "rows": [
+        {"scheme": "compute", "bytes_per_step": 0}, {"scheme": "dense", "bytes_per_step": 2 * 3 / 4 * N * 4},
+        {"scheme": "oktopk", "bytes_per_step": 3 * oktopk_bound_bytes(k, 4, 4)}, {"scheme": "dense-16"}]}))
+    got = adv.bytes_from(str(p), 4)
+    assert set(got) == {"dense", "oktopk"}  # compute sends nothing; dense-16 is not a contender
+    measured = setting(world=4, hosts=4, bytes_sent=got)
+    lk = link(100e6)
+    latency = adv.step_time("oktopk", s, cm.Link(latency=LAT, bandwidth=float("inf")))["exchange"]
+    assert latency > 0
+    plain, scaled = (adv.step_time("oktopk", x, lk)["exchange"] for x in (s, measured))
+    assert scaled - latency == pytest.approx(3 * (plain - latency))  # three times the bytes, the same rounds
+    assert adv.step_time("dense", measured, lk)["exchange"] == pytest.approx(adv.step_time("dense", s, lk)["exchange"])
+    assert adv.step_time("topk", measured, lk) == adv.step_time("topk", s, lk)  # not measured: the byte model
+    with pytest.raises(ValueError, match="W = 4; the bytes must come from a run on the W = 2"):
+        adv.bytes_from(str(p), 2)
+    r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "1", "-W", "2", "--bytes-from", str(p)])
+    assert r.exit_code == 2 and "the bytes must come from a run on the W = 2" in r.output, r.output
+
+
+def test_a_token_bucket_lets_a_steps_first_bytes_through():
+    from mpisparse.bench.costmodel import parse_size
+
+    assert parse_size("128kb") == parse_size("128k") == 128 * 1024 and parse_size("1mb") == 1024 ** 2
+    assert parse_size("1500") == parse_size("1500b") == 1500 and parse_size("0") == 0
+    for bad in ("12kbit", "x", "-1kb", "inf"):
+        with pytest.raises(ValueError, match="size"):
+            parse_size(bad)
+    n = 57_000  # a small net: 228 kB of float32 dense at W = 2, 114 kB at 16 bits
+    lk = cm.Link(latency=0.0, bandwidth=30e6 / 8)
+    plain = setting(n=n, compute=0.05, powersgd_elements=None)
+    bucket = setting(n=n, compute=0.05, powersgd_elements=None, burst=128 * 1024)
+    full = adv.step_time("dense", plain, lk)["exchange"]
+    assert full == pytest.approx(n * 4 / lk.bandwidth)
+    # the bucket (refilled during 50 ms of compute: 187 kB > 128 kB) takes its 128 kB off float32 dense's ...
+    assert adv.step_time("dense", bucket, lk)["exchange"] == pytest.approx((n * 4 - 128 * 1024) / lk.bandwidth)
+    # ... and all of the 16-bit baseline's 114 kB
+    assert adv.step_time(adv.BASELINE, bucket, lk)["exchange"] == pytest.approx(0.0, abs=1e-12)
+    # a short compute refills less of it: 10 ms at 3.75 MB/s = 37.5 kB
+    short = setting(n=n, compute=0.01, powersgd_elements=None, burst=128 * 1024)
+    assert adv.step_time("dense", short, lk)["exchange"] == pytest.approx((n * 4 - 0.01 * lk.bandwidth) / lk.bandwidth)
+    r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "1", "--burst", "12kbit"])
+    assert r.exit_code == 2 and "size '12kbit'" in r.output, r.output
+    with pytest.raises(ValueError, match="burst -1"):
+        setting(burst=-1.0)
+
+
+def test_the_sign_test():
+    assert adv.sign_test_p(0, 5) == 1.0 and adv.sign_test_p(4, 4) == 1 / 16
+    assert adv.sign_test_p(15, 20) == pytest.approx(0.0207, abs=1e-4)
+    assert adv.sign_test_p(15, 20) < adv.NOISE_LEVEL < adv.sign_test_p(14, 20)
+    assert adv.sign_test_p(7, 8) == pytest.approx(9 / 256)

@@ -67,12 +67,19 @@ class Setting:
     #: measured step overhead per label, a share of the compute step (:func:`overheads_from`); empty: the cost
     #: model's kernel rates
     overheads: dict[str, float] = field(default_factory=dict)
+    #: measured bytes a rank sent per step, per label (:func:`bytes_from`); empty: the cost model's byte model
+    bytes_sent: dict[str, float] = field(default_factory=dict)
+    #: bytes a host's link lets through at once after it idled: a token bucket's size (tc's tbf, a cloud's
+    #: burst allowance); 0: none
+    burst: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.compute >= 0:
             raise ValueError(f"compute seconds {self.compute}; it must be >= 0")
         if not 0 <= self.hidden_share <= 1:
             raise ValueError(f"hidden share {self.hidden_share}; allowed: [0, 1]")
+        if not self.burst >= 0:
+            raise ValueError(f"burst {self.burst} bytes; it must be >= 0")
         if self.world < 1 or self.hosts < 1 or self.world % self.hosts:
             raise ValueError(f"W = {self.world} on {self.hosts} hosts; W must be a positive multiple of hosts")
 
@@ -122,10 +129,46 @@ def scheme_phases(label: str, s: Setting, link: cm.Link) -> dict[str, float]:
     return cm.predict(scheme, s.n, s.density, s.world, link, s.rates, shared_cores=s.shared_cores, wire=wire)
 
 
+def model_bytes(label: str, s: Setting) -> float:
+    """The bytes one rank sends per step of ``label`` by the byte model: the exchange's bandwidth term
+    (the exchange at 1 byte/s less the exchange with no bandwidth cost) at one rank a host."""
+    one = Setting(**{**_setting_fields(s), "hosts": s.world})
+    slow = scheme_phases(label, one, cm.Link(latency=0.0, bandwidth=1.0))["exchange"]
+    free = scheme_phases(label, one, cm.Link(latency=0.0, bandwidth=math.inf))["exchange"]
+    return slow - free
+
+
+def _setting_fields(s: Setting) -> dict[str, Any]:
+    from dataclasses import fields
+
+    return {f.name: getattr(s, f.name) for f in fields(s)}
+
+
+def exchange_time(label: str, s: Setting, link: cm.Link) -> float:
+    """The exchange of ``label`` at ``link``: the cost model's (:func:`scheme_phases`), its bandwidth term scaled
+    to the bytes measured for the label (``s.bytes_sent``, where given: a scheme whose selected count drifts
+    from k, oktopk's reused thresholds or a union that grows, then moves what it really moved), less what a
+    token bucket of ``s.burst`` bytes lets through at once: the bucket refills at the link's rate while the
+    ranks compute, so a step's first ``min(burst, compute x rate)`` bytes cost no time (a host's ranks share
+    its bucket as they share its link)."""
+    ph = scheme_phases(label, s, link)
+    if s.world == 1 or (label not in s.bytes_sent and not s.burst):
+        return ph["exchange"]
+    free = scheme_phases(label, s, cm.Link(latency=link.latency, bandwidth=math.inf))["exchange"]
+    wire = ph["exchange"] - free  # seconds the bytes take at the rank's share of the link
+    measured, modelled = s.bytes_sent.get(label), model_bytes(label, s)
+    if measured is not None and modelled > 0:
+        wire *= measured / modelled
+    if s.burst:
+        rate = link.bandwidth / (s.world // s.hosts)  # a rank's share of its host's link, bytes/s
+        wire = max(0.0, wire - min(s.burst / (s.world // s.hosts), s.compute * rate) / rate)
+    return free + wire
+
+
 def step_time(label: str, s: Setting, link: cm.Link) -> dict[str, float]:
     """Predicted ``step``, ``compute``, ``overhead``, ``exchange``, ``hidden`` and ``exposed`` seconds."""
     ph = scheme_phases(label, s, link)
-    exchange = ph["exchange"]
+    exchange = exchange_time(label, s, link)
     overhead = sum(v for k, v in ph.items() if k != "exchange")
     if label in s.overheads:
         overhead = s.overheads[label] * s.compute
@@ -325,8 +368,10 @@ def validate(res: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
     A strict comparison names one measured winner even where the ways lie within the noise, so the result
     also says how far the predicted winner's measured time is from the measured best (``gap``: a share of
     the best), in how many of the timed turns the predicted winner was the slower of the two
-    (``slower_turns`` of ``turns``), and whether the gap lies within the noise (``within_noise``: it was not
-    slower in every turn; None when the measurement holds no per-step times)."""
+    (``slower_turns`` of ``turns``), and whether the gap lies within the noise (``within_noise``: a one-sided
+    sign test over the turns, :func:`sign_test_p`, does not find it slower at the 5% level; None when the
+    measurement holds no per-step times).  ``tied``: every measured way that the same test does not find
+    slower than the measured best (the ways the measurement cannot tell from the winner)."""
     paired = paired_steps(measured)
     sm = _samples(measured)
     rows = []
@@ -358,12 +403,31 @@ def validate(res: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
             sp, sb = pred["steps_to_target"] or 1.0, best["steps_to_target"] or 1.0
             turns = len(sm["compute"])
             slower = sum(1 for x, y in zip(sm[pred["scheme"]], sm[best["scheme"]]) if x * sp > y * sb)
-            within = slower < turns
-    return {"rows": rows, "predicted_winner": res["winner"], "measured_winner": winner,
+            within = winner == res["winner"] or sign_test_p(slower, turns) >= NOISE_LEVEL
+    tied = None
+    if sm is not None and winner is not None:
+        best = by[winner]
+        sb = best["steps_to_target"] or 1.0
+        tied = [r["scheme"] for r in reached
+                if r["scheme"] == winner or sign_test_p(
+                    sum(1 for x, y in zip(sm[r["scheme"]], sm[winner]) if x * (r["steps_to_target"] or 1.0) > y * sb),
+                    len(sm["compute"])) >= NOISE_LEVEL]
+    return {"rows": rows, "predicted_winner": res["winner"], "measured_winner": winner, "tied": tied,
             "winner_agrees": winner == res["winner"], "max_abs_error": max(errors, default=None),
             "predicted_kind": kind(res["winner"]), "measured_kind": kind(winner),
             "kind_agrees": kind(winner) == kind(res["winner"]), "gap": gap, "slower_turns": slower,
             "turns": turns, "within_noise": within, "paired": sm is not None}
+
+
+#: the level of the sign test below which a way is slower than the measured best beyond the noise
+NOISE_LEVEL = 0.05
+
+
+def sign_test_p(slower: int, turns: int) -> float:
+    """One-sided sign test: the chance of at least ``slower`` of ``turns`` paired turns going one way when
+    either way is as likely (``P[Binomial(turns, 1/2) >= slower]``).  With 4 turns even 4 of 4 gives 0.0625:
+    so few turns cannot show a difference at the 5% level."""
+    return sum(math.comb(turns, i) for i in range(slower, turns + 1)) / 2 ** turns if turns else 1.0
 
 
 def kind(label: str | None) -> str | None:
@@ -393,9 +457,12 @@ def _gap_line(v: dict[str, Any]) -> str:
     if v.get("within_noise") is None:
         noise = "no per-step times"
     else:
-        noise = (f"slower in {v['slower_turns']} of {v['turns']} turns: "
+        noise = (f"slower in {v['slower_turns']} of {v['turns']} turns, sign test "
+                 f"p = {sign_test_p(v['slower_turns'], v['turns']):.2g}: "
                  + ("within the noise" if v["within_noise"] else "beyond the noise"))
-    return f"\nthe predicted winner's measured step is {100 * v['gap']:.1f}% above the measured best ({noise})"
+    tied = v.get("tied")
+    return (f"\nthe predicted winner's measured step is {100 * v['gap']:.1f}% above the measured best ({noise})"
+            + (f"\nmeasured ways the sign test cannot tell from the best: {', '.join(tied)}" if tied else ""))
 
 
 def delivered_bandwidth(path: str) -> float:
@@ -411,6 +478,18 @@ def delivered_bandwidth(path: str) -> float:
         raise ValueError(f"{path}: no dense row with exchange_seconds and bytes_sent_per_rank (bench exchange "
                          "--scheme dense --densities 1 --json)")
     return max(float(r["bytes_sent_per_rank"]) / float(r["exchange_seconds"]) for r in rows)
+
+
+def bytes_from(path: str, world: int) -> dict[str, float]:
+    """Bytes one rank sent per step, per label, from an ``advise-steps --json`` file (``bytes_per_step``: the
+    largest over the ranks), for :attr:`Setting.bytes_sent`: a run on the ``world`` ranks advised about (the
+    bytes change with W)."""
+    data = json.loads(Path(path).read_text())
+    if int(data.get("world_size", 0)) != world:
+        raise ValueError(f"{path}: a run on W = {data.get('world_size')}; the bytes must come from a run on "
+                         f"the W = {world} ranks advised about")
+    return {r["scheme"]: float(r["bytes_per_step"]) for r in data["rows"]
+            if r["scheme"] in ADVISE_SCHEMES and r.get("bytes_per_step")}
 
 
 def overheads_from(path: str) -> dict[str, float]:

@@ -115,6 +115,25 @@ def parse_rate(text: str) -> float:
     return value
 
 
+def parse_size(text: str) -> float:
+    """A size in tc's syntax -> bytes: ``128kb`` or ``128k`` (kilobytes, 1024 bytes), ``1mb``/``1m``,
+    ``1gb``/``1g``, ``1500b`` or ``1500`` (bytes); 0 is allowed."""
+    t = text.strip().lower()
+    scale = 1.0
+    for suffix, f in (("kb", 1024.0), ("mb", 1024.0 ** 2), ("gb", 1024.0 ** 3), ("k", 1024.0), ("m", 1024.0 ** 2),
+                      ("g", 1024.0 ** 3), ("b", 1.0)):
+        if t.endswith(suffix):
+            t, scale = t[: -len(suffix)], f
+            break
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise ValueError(f"size {text!r}; allowed: a number of bytes, or with kb, mb, gb (tc's syntax)") from None
+    if not value >= 0 or math.isinf(value):
+        raise ValueError(f"size {text!r}; it must be a finite number >= 0")
+    return value
+
+
 def _log2(w: int) -> float:
     return math.log2(w) if w > 1 else 0.0
 

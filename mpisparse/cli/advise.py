@@ -24,6 +24,15 @@ def _rate(ctx, param, value):
     return rate
 
 
+def _size(ctx, param, value):
+    from ..bench.costmodel import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 @click.command("advise")
 @click.option("--model", type=click.Choice(sorted(set(model_names()) | {"mlp", "cnn"})), default="resnet18",
               show_default=True,
@@ -46,6 +55,9 @@ def _rate(ctx, param, value):
 @click.option("--link-from", "link_json", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The link's bandwidth is what dense's exchange really carried in this `bench exchange --json` "
                    "(--scheme dense --densities 1) file, not --rate.")
+@click.option("--burst", default="0", show_default=True, callback=_size,
+              help="Each host's link is a token bucket of this size (tc syntax: 128kb): a step's first bytes up "
+                   "to it cross at once, refilled while the ranks compute (bin/emucluster's links: 128kb).")
 @click.option("--latency-us", type=click.FloatRange(min=0), default=50.0, show_default=True,
               help="Latency of one message over the link, microseconds.")
 @click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True,
@@ -63,14 +75,19 @@ def _rate(ctx, param, value):
 @click.option("--overhead-from", "overhead_json", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Each scheme's step overhead (library and scheme compute), measured by `advise-steps -n 1 "
                    "--json` as a share of the compute step, instead of the cost model's kernel rates.")
+@click.option("--bytes-from", "bytes_json", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Each scheme's bytes per step as measured by `advise-steps --json` on the same W (any link), "
+                   "instead of the byte model's: a scheme whose selected count drifts moves what it moved.")
 @click.option("--tta", "tta_json", type=click.Path(exists=True, dir_okay=False), default=None,
               help="`bench tta --json`: each scheme's steps to target (without it: equal steps assumed).")
 @click.option("--measured", "measured_json", type=click.Path(exists=True, dir_okay=False), default=None,
               help="`advise-steps --json`: compare the predicted steps and winner with these measured ones.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="The advice (and validation) as JSON.")
-def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, world, hosts, rate, link_json, latency_us, density,
-           dense_wire, sparse_wire, shared_cores, measure_rates, overhead_json, tta_json, measured_json, json_path) -> None:
+def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, world, hosts, rate, link_json, burst,
+           latency_us, density,
+           dense_wire, sparse_wire, shared_cores, measure_rates, overhead_json, bytes_json, tta_json, measured_json,
+           json_path) -> None:
     """Predict every scheme's step and time to target on this network, the winner, and the crossover link
     bandwidth above which optimized dense (16-bit wire, overlapped) wins."""
     import json
@@ -86,6 +103,7 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
         rate = usage(adv.delivered_bandwidth, link_json)
     steps = usage(adv.load_tta, tta_json) if tta_json else {}
     overheads = usage(adv.overheads_from, overhead_json) if overhead_json else {}
+    bytes_sent = usage(adv.bytes_from, bytes_json, world) if bytes_json else {}
     measured = json.loads(open(measured_json).read()) if measured_json else None
     compute_from = "given"
     if compute_seconds is None and measured is not None:
@@ -100,10 +118,12 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
     setting = usage(adv.Setting, n=layout.n, compute=compute_seconds, world=world, hosts=hosts,
                     density=density, hidden_share=hidden_share, window=window, dense_wire=dense_wire,
                     sparse_wire=sparse_wire, latency=latency_us * 1e-6, rates=rates, shared_cores=shared_cores,
-                    powersgd_elements=powersgd_elements(layout), steps=steps, overheads=overheads)
+                    powersgd_elements=powersgd_elements(layout), steps=steps, overheads=overheads,
+                    bytes_sent=bytes_sent, burst=burst)
     res = adv.advise(setting, cm.Link(latency=latency_us * 1e-6, bandwidth=rate))
     res.update(model=model, compute_from=compute_from, hidden_from=hidden_json or "--hidden-share",
-               overhead_from=overhead_json or "the cost model's kernel rates", link_from=link_json or "--rate")
+               overhead_from=overhead_json or "the cost model's kernel rates", link_from=link_json or "--rate",
+               bytes_from=bytes_json or "the cost model's byte model")
     click.echo(adv.format_advice(res))
     if measured is not None:
         res["validation"] = adv.validate(res, measured)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mpisparse.bench.advise import sign_test_p
+
 from .framework import Run, Table, _table, md_table, _emucluster_unavailable
 
 #: no emulation: the 2 ranks on this host, over shared memory (the fastest link here; the emulated links top out
@@ -14,11 +16,15 @@ NONE = "none"
 ADVISOR_RATES = (NONE, "300mbit", "30mbit")
 QUICK_RATES = (NONE, "30mbit")
 #: ``(model, label prefix, batch, timed steps per way at each link)`` of each block of the table: resnet18 (the
-#: slow links' dense steps take seconds each, so fewer there), and the small cnn (57 K parameters), whose steps
-#: are cheap enough for many turns and whose dense and sparse steps lie close on the fastest link
+#: slow links' dense steps take seconds each, so fewer there), and the small cnn (57 K parameters) at batch 4,
+#: whose steps (about 15 ms of compute) are cheap enough for 40 turns and short enough that the emulated
+#: links' token bucket (128 kB) does not refill during one, so that its crossover lies between the links
 BLOCKS = (("resnet18", "", "16", {NONE: "8", "300mbit": "6", "30mbit": "4"}),
-          ("cnn", "cnn-", "16", {NONE: "20", "300mbit": "20", "30mbit": "20"}))
+          ("cnn", "cnn-", "4", {NONE: "40", "300mbit": "40", "30mbit": "40"}))
 QUICK_BLOCKS = (("cnn", "", "4", {NONE: "1", "30mbit": "1"}),)
+#: bin/emucluster's token bucket on each link (its --burst default): the advisor is told (``--burst``); the
+#: one-host run (``none``) has none
+EMU_BURST = "128kb"
 
 
 def _runs(quick: bool) -> list[Run]:
@@ -28,7 +34,7 @@ def _runs(quick: bool) -> list[Run]:
     for model, pre, batch, iters in blocks:
         # each scheme's step overhead (library + scheme compute) on one rank alone, a share of its compute
         runs.append(Run(f"{pre}overhead", ["advise-steps", "-n", "1", "--model", model, "--batch", batch,
-                                           "--iters", "1" if quick else "6" if model == "resnet18" else "20",
+                                           "--iters", "1" if quick else "6" if model == "resnet18" else "40",
                                            "--warmup", "1"]))
     for r in rates:
         # the link is measured once, with resnet18's exchange, for every model (bench exchange has no cnn)
@@ -44,11 +50,14 @@ def _runs(quick: bool) -> list[Run]:
         for r in rates:  # the share overlap hides: measured once, at the fastest link, for every link
             # --hosts 2: each rank's link is what its own share of dense's exchange carried (--link-from), one
             # host or two
+            # the bytes each scheme sent per step: measured once, at the fastest link, for every link
             runs.append(Run(f"{pre}advise-{r}", ["advise", "--model", model, "-W", "2", "--hosts", "2",
-                                                 "--shared-cores", "2", "--latency-us", "0"],
+                                                 "--shared-cores", "2", "--latency-us", "0",
+                                                 "--burst", "0" if r == NONE else EMU_BURST],
                             out_options={"--overhead-from": f"{pre}overhead.json", "--link-from": f"link-{r}.json",
                                          "--measured": f"{pre}steps-{r}.json",
-                                         "--hidden-from": f"{pre}steps-{rates[0]}.json"}))
+                                         "--hidden-from": f"{pre}steps-{rates[0]}.json",
+                                         "--bytes-from": f"{pre}steps-{rates[0]}.json"}))
     return runs
 
 
@@ -83,10 +92,12 @@ def _block(res: dict[str, Any], rates, model: str, pre: str) -> str:
         noise = v.get("within_noise")
         summary.append([_link_name(r), _gbit(a["bandwidth"]), f"{1e3 * a['setting']['compute']:,.0f}",
                         f"{100 * a['setting']['hidden_share']:.0f}%", f"`{v['predicted_winner']}`",
-                        f"`{v['measured_winner']}`", "yes" if v["winner_agrees"] else "**no**",
+                        f"`{v['measured_winner']}`",
+                        "yes" if v["winner_agrees"] else "within noise" if noise else "**no**",
                         "-" if v["winner_agrees"] else _pct(v.get("gap"), sign=True) + (
                             "" if noise is None else f", slower in {v['slower_turns']} of {v['turns']} turns"
-                            + (" (within noise)" if noise else " (beyond noise)")),
+                            + f" (p = {sign_test_p(v['slower_turns'], v['turns']):.2g})"),
+                        ", ".join(f"`{t}`" for t in v.get("tied") or []) or "-",
                         f"{v['predicted_kind']} / {v['measured_kind']}",
                         f"{100 * v['max_abs_error']:.0f}%", _gbit(a["crossover_bandwidth"])])
         for row in v["rows"]:
@@ -99,6 +110,7 @@ def _block(res: dict[str, Any], rates, model: str, pre: str) -> str:
         if la:
             loads.append(f"{_link_name(r)}: {la['before'][0]:.1f} before, {la['after'][0]:.1f} after")
     agree = sum(1 for r in rates if val[r]["winner_agrees"])
+    noise = sum(1 for r in rates if not val[r]["winner_agrees"] and val[r].get("within_noise"))
     kinds = sum(1 for r in rates if val[r]["kind_agrees"])
     within = sum(1 for r in rates for row in val[r]["rows"] if abs(row["error"]) <= 0.25)
     total = sum(len(val[r]["rows"]) for r in rates)
@@ -107,10 +119,12 @@ def _block(res: dict[str, Any], rates, model: str, pre: str) -> str:
     turns = sorted({v["turns"] for v in val.values() if v.get("turns")})
     out = [md_table(["link", "link carried", "compute ms", "overlap hides", "predicted winner",
                      "measured winner", "agree", "predicted winner's measured step against the best",
+                     "measured ways the sign test cannot tell from the best",
                      "decision predicted / measured", "largest error", "predicted crossover"], summary),
            "",
            f"{model}: the predicted winner is the measured one at {agree} of {len(rates)} links (strictly, by the "
-           f"paired step); the decision dense or sparse agrees at {kinds} of {len(rates)}; {within} of {total} "
+           f"paired step), and within the noise at {noise} more (the sign test does not find it slower than the "
+           f"measured best); the decision dense or sparse agrees at {kinds} of {len(rates)}; {within} of {total} "
            "predicted steps are within 25% of the measured. The measured winner "
            + ("changes between the links (" + ", ".join(f"`{w}`" for w in winners) + "), and the decision "
               + ("changes too" if len(set(kinds_measured)) > 1 else "does not: it is "
@@ -135,8 +149,12 @@ _table(Table(
            "`compute` way of `advise-steps`), the share of the exchange overlap hides (measured once, at the "
            "fastest link, `--hidden-from`), and each scheme's step overhead (the library's and the scheme's own "
            "compute, a 16-bit wire's casts) measured on one rank alone as a share of its compute step "
-           "(`advise-steps -n 1`, `--overhead-from`); the exchange is the cost model's byte model at the link "
-           "carried. The measured steps are `advise-steps`: the model (CIFAR-shaped random batches of 16) forward, "
+           "(`advise-steps -n 1`, `--overhead-from`), and the bytes each scheme sent per step (measured once, at "
+           "the fastest link, `--bytes-from`: oktopk's reused thresholds let its count drift far above k); the "
+           "exchange is the cost model's at the link carried, its bandwidth term scaled to those bytes, less what "
+           "the emulated links' token bucket (tc tbf, 128 kB, refilled while the ranks compute: `--burst 128kb`) "
+           "lets through at once. The measured steps are `advise-steps`: the model (CIFAR-shaped random batches) "
+           "forward, "
            "backward, the exchange and the update through `DistributedOptimizer`, on 2 ranks: on one host without "
            "emulation (`none`: shared memory, the fastest link this machine has; the emulated links top out near "
            "4 Gbit/s) and on 2 emulated hosts at 300 and 30 Mbit/s; compute is this machine's CPU (2 cores, "
@@ -146,8 +164,10 @@ _table(Table(
            "overheads, the compute and the hidden share are read the same way. The plain median of the way's own "
            "steps stands beside it, and the range of its excess over compute across the turns. Where the "
            "predicted and the measured winner differ, the gap column is how much slower the predicted winner's "
-           "measured step was than the measured best's and in how many turns it was the slower of the two; "
-           "*beyond noise* only when it was slower in every turn. Steps to target are not given (no `--tta`): "
+           "measured step was than the measured best's and in how many turns it was the slower of the two, with "
+           "a one-sided sign test's p over the turns: *within noise* when p >= 0.05 (with 4 turns even 4 of 4 is "
+           "p = 0.0625); the ways the same test cannot tell from the measured best are listed. Steps to target "
+           "are not given (no `--tta`): "
            "every scheme is assumed to need as many steps as dense, so the winner is the fastest step."),
     runs=_runs,
     render=_advisor_render,
