@@ -79,6 +79,17 @@ def test_winner_flips_at_the_crossover():
     assert below["steps_assumed"] is True
 
 
+def test_the_crossover_counts_float32_dense_where_it_is_the_faster_dense():
+    """Over shared memory a 16-bit wire's casts can cost more than its halved bytes save: dense training
+    still wins above the crossover, as float32 dense, and the crossover says so."""
+    s = setting(compute=0.5, overheads={adv.BASELINE: 0.3, "dense": 0.0, "topk": 0.05, "cltk": 0.05,
+                                        "deft": 0.05, "gtopk": 0.05, "powersgd": 0.05, "oktopk": 0.05})
+    c = adv.crossover_bandwidth(s, LAT)
+    assert c is not None and 1e6 < c < 1e12
+    assert adv.advise(s, cm.Link(LAT, c * 1.05))["winner"] == "dense"
+    assert adv.advise(s, cm.Link(LAT, c / 1.05))["winner"] not in (adv.BASELINE, "dense")
+
+
 def test_more_steps_to_target_lower_the_crossover():
     equal = adv.crossover_bandwidth(setting(), LAT)
     steps = {adv.BASELINE: 100.0, "dense": 100.0, **{x: 130.0 for x in adv.ADVISE_SCHEMES[2:]}}
@@ -125,7 +136,7 @@ def test_cli_prints_the_winner_and_crossover(tmp_path):
     j = tmp_path / "a.json"
     r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "0.5", "--rate", "30mbit", "--json", str(j)])
     assert r.exit_code == 0, r.output
-    assert "winner:" in r.output and "crossover: dense-opt wins above" in r.output
+    assert "winner:" in r.output and "crossover: dense (dense-opt or float32, the faster) wins above" in r.output
     assert "assumed to need as many steps as dense" in r.output
     res = json.loads(j.read_text())
     assert res["bandwidth"] == pytest.approx(30e6 / 8) and res["winner"] not in (adv.BASELINE, "dense")
