@@ -44,7 +44,8 @@ assert cmd is not None
 print(" ".join(sorted(m for m in {watched} if m in sys.modules)) or "-")
 """
 
-WATCHED = ("numba", "torch", "torch._dynamo", "mpisparse.cli.bench", "mpisparse.cli.advise", "mpisparse.bench.costmodel")
+WATCHED = ("numba", "torch", "torch._dynamo", "mpisparse.cli.bench", "mpisparse.cli.advise",
+           "mpisparse.bench.costmodel")
 
 
 def _loaded(code: str) -> set[str]:
