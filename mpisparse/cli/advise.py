@@ -55,7 +55,7 @@ def _size(ctx, param, value):
 @click.option("--link-from", "link_json", type=click.Path(exists=True, dir_okay=False), default=None,
               help="The link's bandwidth is what dense's exchange really carried in this `bench exchange --json` "
                    "(--scheme dense --densities 1) file, not --rate.")
-@click.option("--burst", default="0", show_default=True, callback=_size,
+@click.option("--burst", default="0", show_default=True, callback=_size, metavar="SIZE",
               help="Each host's link is a token bucket of this size (tc syntax: 128kb): a step's first bytes up "
                    "to it cross at once, refilled while the ranks compute (bin/emucluster's links: 128kb).")
 @click.option("--latency-us", type=click.FloatRange(min=0), default=50.0, show_default=True,
