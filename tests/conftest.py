@@ -312,14 +312,13 @@ def mpirun():
 FAULTS = HERE / "faults"
 
 
-#: what in a test module's text says it runs MPI: a launch helper, a launcher, a CLI command on ``-n`` ranks or
-#: in a subprocess (a singleton MPI process), mpi4py itself, a communicator opened in the test's own process
-MPI_USE = re.compile(r"\b(mpi_run|rank_script|rank_case|run_cases|bench_step|mpiexec_prefix|find_mpiexec|open_comm)\(|\bmpi4py\b"
-                     r"|\bdef test_\w+\([^)]*\bmpirun\b|[\"']-n[\"']|[\"']-m[\"'],\s*[\"']mpisparse[\"']")
 #: what launches ranks that wait on each other (a job of ``-n`` ranks, or a launcher): such a module's tests run in
 #: the MPI lane whatever it declares
 MULTI_RANK = re.compile(r"\b(mpi_run|rank_script|rank_case|run_cases|bench_step|mpiexec_prefix|find_mpiexec)\("
                         r"|\bdef test_\w+\([^)]*\bmpirun\b|[\"']-n[\"']")
+#: what in a test module's text says it runs MPI: a launch helper, a launcher, a CLI command on ``-n`` ranks or
+#: in a subprocess (a singleton MPI process), mpi4py itself, a communicator opened in the test's own process
+MPI_USE = re.compile(MULTI_RANK.pattern + r"|\bopen_comm\(|\bmpi4py\b|[\"']-m[\"'],\s*[\"']mpisparse[\"']")
 #: what a module that runs MPI in one process only (``python -m mpisparse`` without ``-n``: a singleton, no rank
 #: waits on another, so it takes one core) writes to run in the unit lane
 ONE_PROCESS = re.compile(r"^ONE_PROCESS_MPI = True\b", re.M)
@@ -356,10 +355,10 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.fallback)
     # every MPI test in the MPI lane (:func:`lane_of`), or two of their jobs could share the cores; only a module
     # that runs one MPI process at a time, and says so, in the unit lane
-    for item in items:
-        text = _module_text(Path(str(item.fspath)))
+    for path in {Path(str(item.fspath)) for item in items}:
+        text = _module_text(path)
         if ONE_PROCESS.search(text) and MULTI_RANK.search(text):
-            raise pytest.UsageError(f"{item.nodeid}: its module says ONE_PROCESS_MPI but launches ranks "
+            raise pytest.UsageError(f"{path.name}: its module says ONE_PROCESS_MPI but launches ranks "
                                     f"({MULTI_RANK.search(text).group(0)!r}); remove the declaration")
     strays = [i.nodeid for i in items if i.get_closest_marker("mpi") is not None and lane_of(i.nodeid) != LANE_MPI
               and not ONE_PROCESS.search(_module_text(Path(str(i.fspath))))]

@@ -25,10 +25,11 @@ def main() -> None:
     from mpisparse.train import loop
 
     first = loop.CollectiveStep.train_batch
+    seen = []
 
     def train_batch(self, *args, **kwargs):
-        if not getattr(loop.CollectiveStep, "_first_seen", False):
-            loop.CollectiveStep._first_seen = True
+        if not seen:
+            seen.append(True)
             print(f"rank {self.comm.rank}: first step {seconds_since_start():.2f} s after the process started",
                   file=sys.stderr, flush=True)
         return first(self, *args, **kwargs)

@@ -144,14 +144,14 @@ def _setting_fields(s: Setting) -> dict[str, Any]:
     return {f.name: getattr(s, f.name) for f in fields(s)}
 
 
-def exchange_time(label: str, s: Setting, link: cm.Link) -> float:
+def exchange_time(label: str, s: Setting, link: cm.Link, phases: dict[str, float] | None = None) -> float:
     """The exchange of ``label`` at ``link``: the cost model's (:func:`scheme_phases`), its bandwidth term scaled
     to the bytes measured for the label (``s.bytes_sent``, where given: a scheme whose selected count drifts
     from k, oktopk's reused thresholds or a union that grows, then moves what it really moved), less what a
     token bucket of ``s.burst`` bytes lets through at once: the bucket refills at the link's rate while the
     ranks compute, so a step's first ``min(burst, compute x rate)`` bytes cost no time (a host's ranks share
-    its bucket as they share its link)."""
-    ph = scheme_phases(label, s, link)
+    its bucket as they share its link).  ``phases``: :func:`scheme_phases` at ``link``, when the caller has them."""
+    ph = scheme_phases(label, s, link) if phases is None else phases
     if s.world == 1 or (label not in s.bytes_sent and not s.burst):
         return ph["exchange"]
     free = scheme_phases(label, s, cm.Link(latency=link.latency, bandwidth=math.inf))["exchange"]
@@ -168,7 +168,7 @@ def exchange_time(label: str, s: Setting, link: cm.Link) -> float:
 def step_time(label: str, s: Setting, link: cm.Link) -> dict[str, float]:
     """Predicted ``step``, ``compute``, ``overhead``, ``exchange``, ``hidden`` and ``exposed`` seconds."""
     ph = scheme_phases(label, s, link)
-    exchange = exchange_time(label, s, link)
+    exchange = exchange_time(label, s, link, ph)
     overhead = sum(v for k, v in ph.items() if k != "exchange")
     if label in s.overheads:
         overhead = s.overheads[label] * s.compute
