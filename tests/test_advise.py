@@ -165,7 +165,7 @@ def test_measured_overheads_replace_the_kernel_rates(tmp_path):
     s = setting(compute=4.0, overheads=over)
     assert adv.step_time("topk", s, link(1e9))["overhead"] == pytest.approx(1.0)  # a share of this compute
     assert adv.step_time("cltk", s, link(1e9))["overhead"] < 0.1  # not measured: the kernel rates
-    p.write_text(json.dumps({"world_size": 2, "compute_seconds": 2.0, "rows": []}))
+    p.write_text(json.dumps({"world_size": 2, "compute_seconds": 2.0, "rows": [{"scheme": "compute"}]}))
     with pytest.raises(ValueError, match="one rank alone"):
         adv.overheads_from(str(p))
 
@@ -293,3 +293,55 @@ def test_the_sign_test():
     assert adv.sign_test_p(15, 20) == pytest.approx(0.0207, abs=1e-4)
     assert adv.sign_test_p(15, 20) < adv.NOISE_LEVEL < adv.sign_test_p(14, 20)
     assert adv.sign_test_p(7, 8) == pytest.approx(9 / 256)
+
+
+def test_the_median_interval_is_distribution_free():
+    assert adv.median_interval(range(6)) == (0, 5)  # 1 - 2/64 = 96.9% >= 95%
+    assert adv.median_interval(range(5)) is None  # 1 - 2/32 = 93.8%: five turns cannot bound it
+    assert adv.median_interval(range(20)) == (5, 14)  # P[B(20, 1/2) <= 5] = 0.021 <= 0.025 < P[.. <= 6]
+    assert adv.median_interval(list(range(40))[::-1]) == (13, 26)  # sorted first
+
+
+def test_ties_are_the_schemes_the_measured_overheads_cannot_separate_from_the_winner(tmp_path):
+    lk = cm.Link(latency=0.0, bandwidth=float("inf"))  # no exchange cost: the overheads decide
+    base = [0.10 + 0.01 * (i % 5) for i in range(20)]  # the winner's overhead share, turn by turn
+    turns = {"gtopk": base,
+             "deft": [x + 0.002 + (0.03 if i % 2 else -0.02) for i, x in enumerate(base)],  # noisy, a little slower
+             "cltk": [x + 0.05 for x in base],  # slower in every turn
+             "topk": [x + 0.001 for x in base[:5]]}  # another run's turns: not paired with the winner's
+    over = {k: max(0.0, sorted(v)[len(v) // 2]) for k, v in turns.items()}
+    over.update({"oktopk": 0.5, "powersgd": 0.5, "dense": 0.5, adv.BASELINE: 0.5})  # far behind
+    s = setting(overheads=over, overhead_turns=turns)
+    res = adv.advise(s, lk)
+    assert res["winner"] == "gtopk" and res["ties"] == ["deft", "gtopk"]  # the rows' order
+    assert "(tied at the measured overheads' 95% interval: deft)" in adv.format_advice(res)
+    short = setting(overheads=over, overhead_turns={k: v[:5] for k, v in turns.items()})
+    assert set(adv.advise(short, lk)["ties"]) >= {"gtopk", "deft", "cltk"}  # five turns cannot bound a median
+    assert adv.advise(setting(overheads=over), lk)["ties"] == ["gtopk"]  # no turns: no ties beyond equal steps
+    # the validation: the measured winner among the ties and the predicted winner within the noise agree at the
+    # resolution of both; a measured winner outside the ties does not
+    rows = [{"scheme": "compute", "step_samples_seconds": [1.0] * 8}]
+    for r in res["rows"]:
+        f = {"deft": 1.10, "gtopk": 1.11, "cltk": 1.2}.get(r["scheme"], 1.6)
+        rows.append({"scheme": r["scheme"], "step_samples_seconds": [f + (0.02 if i % 2 else -0.02) * (r["scheme"]
+                                                                     == "gtopk") for i in range(8)]})
+    for r in rows:
+        r["step_seconds"] = sorted(r["step_samples_seconds"])[4]
+    v = adv.validate(res, {"rows": rows})
+    assert v["measured_winner"] == "deft" and not v["winner_agrees"] and v["within_noise"]
+    assert v["measured_in_ties"] and v["agrees_at_resolution"] and v["predicted_ties"] == ["deft", "gtopk"]
+    assert "agree at resolution" in adv.format_validation(v)
+    next(r for r in rows if r["scheme"] == "cltk")["step_samples_seconds"] = [1.0] * 8
+    v = adv.validate(res, {"rows": rows})
+    assert v["measured_winner"] == "cltk" and not v["measured_in_ties"] and not v["agrees_at_resolution"]
+    assert "DIFFER" in adv.format_validation(v)
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "{\"rows\": [{\"scheme\": \"topk\"}]}", "not json"])
+@pytest.mark.parametrize("option", ["--measured", "--overhead-from", "--bytes-from", "--hidden-from"])
+def test_a_file_that_is_not_advise_steps_output_is_a_usage_error(tmp_path, option, content):
+    p = tmp_path / "other.json"
+    p.write_text(content)
+    r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "1", option, str(p)])
+    assert r.exit_code == 2, r.output
+    assert f"{p}: not " in r.output and len([ln for ln in r.output.splitlines() if ln.startswith("Error")]) == 1

@@ -1,5 +1,6 @@
-"""``mpisparse advise-steps`` on 2 ranks (one bounded launch): every way's median step, each timed step's
-time and their range, and ``advise --measured`` reading them (the gap to the measured best)."""
+"""``mpisparse advise-steps`` on 2 ranks (one bounded launch): every way's median step, each timed turn's
+time and their range, the bytes per step of turns of several steps, and ``advise --measured`` reading them (the
+gap to the measured best)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,20 @@ from mpisparse.cli import cli
 def test_steps_on_two_ranks_carry_their_spread_and_the_advice_reads_it(tmp_path):
     j = tmp_path / "steps.json"
     p = mpi_run(2, ["advise-steps", "--model", "mlp", "--batch", "4", "--iters", "3", "--warmup", "1",
-                    "--json", str(j)], module=True, timeout=180)
+                    "--steps-per-turn", "3", "--json", str(j)], module=True, timeout=180)
     assert "fastest ms" in p.stdout and "slowest ms" in p.stdout
+    assert "a turn: 3 steps, the mean of the last 2" in p.stdout
     res = json.loads(j.read_text())
-    assert res["world_size"] == 2 and 0 <= res["hidden_share"] <= 1
+    assert res["world_size"] == 2 and 0 <= res["hidden_share"] <= 1 and res["steps_per_turn"] == 3
+    # bytes per step, not per turn: W = 2's ring Allreduce sends each rank's half of the gradient out and back
+    # (n values of 4 or 2 bytes), beside a few bytes of the step's finite check
+    from mpisparse.bench.overlap import INPUT_SHAPE
+    from mpisparse.models.nets import build_model
+
+    n = sum(q.numel() for q in build_model("mlp", input_shape=INPUT_SHAPE, num_classes=10).parameters())
+    by = {r["scheme"]: r["bytes_per_step"] for r in res["rows"]}
+    assert by["dense"] - by["dense-16"] == 2 * n and by["dense-16"] == by["dense-opt"] and by["compute"] == 0
+    assert 0 <= by["dense-16"] - 2 * n <= 64
     labels = [r["scheme"] for r in res["rows"]]
     assert labels == ["compute", "dense", "dense-16", "dense-opt", "topk", "cltk", "deft", "gtopk", "powersgd",
                       "oktopk"]

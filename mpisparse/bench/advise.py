@@ -25,6 +25,12 @@ Time to target: ``step(s) * steps_to_target(s)``, the steps from a ``bench tta``
 (:func:`load_tta`); without one every scheme is assumed to need as many steps as the baseline
 (``steps_assumed`` in the result).  The crossover (:func:`crossover_bandwidth`): the link bandwidth above
 which the optimized dense baseline reaches the target first.
+
+The winner's ties (:func:`ties`): the schemes whose measured overheads (``advise-steps -n 1``, per turn) cannot
+separate them from the winner: the distribution-free 95% interval of the median of their paired per-turn
+difference (:func:`median_interval`) reaches far enough to close the predicted gap.  A user reads them as "as
+good as the winner, at the precision of these measurements"; the validation asks whether the measured winner is
+among them.
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ class Setting:
     #: measured step overhead per label, a share of the compute step (:func:`overheads_from`); empty: the cost
     #: model's kernel rates
     overheads: dict[str, float] = field(default_factory=dict)
+    #: the same per timed turn, paired with the compute way's step of that turn (:func:`overhead_turns_from`): the
+    #: noise the ties are read against; empty: no ties beyond equal predictions
+    overhead_turns: dict[str, tuple[float, ...]] = field(default_factory=dict)
     #: measured bytes a rank sent per step, per label (:func:`bytes_from`); empty: the cost model's byte model
     bytes_sent: dict[str, float] = field(default_factory=dict)
     #: bytes a host's link lets through at once after it idled: a token bucket's size (tc's tbf, a cloud's
@@ -204,8 +213,51 @@ def advise(s: Setting, link: cm.Link, labels: Sequence[str] = ADVISE_SCHEMES) ->
                       key=lambda r: r["time_to_target"], default=None)
     cross = crossover_bandwidth(s, link.latency, labels)
     return {"bandwidth": link.bandwidth, "latency": link.latency, "rows": rows, "winner": winner,
+            "ties": ties(rows, s), "tie_level": TIE_LEVEL,
             "best_sparse": None if best_sparse is None else best_sparse["scheme"],
             "crossover_bandwidth": cross, "steps_assumed": not s.steps, "setting": _setting_dict(s)}
+
+
+#: the confidence of the interval within which the measured overheads cannot separate a scheme from the winner
+TIE_LEVEL = 0.95
+
+
+def median_interval(d: Sequence[float], level: float = TIE_LEVEL) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median of ``d``: the order statistics ``(d_(j),
+    d_(n+1-j))`` (1-based, sorted) with ``j`` the largest for which ``P[Binomial(n, 1/2) < j] <= (1 - level) /
+    2``.  None when ``d`` is too short to bound the median at that level (fewer than 6 values at 95%)."""
+    n, x = len(d), sorted(d)
+    tail, j = (1 - level) / 2, 0
+    while j < n // 2 and sum(math.comb(n, i) for i in range(j + 1)) / 2 ** n <= tail:
+        j += 1
+    return None if j == 0 else (x[j - 1], x[n - j])
+
+
+def ties(rows: Sequence[dict[str, Any]], s: Setting) -> list[str]:
+    """The winner (the least time to target of ``rows``, :func:`advise`'s) and every scheme its measured overheads
+    cannot separate from it, in the rows' order.  For a scheme ``a`` and the winner ``w``, both measured per turn
+    (``s.overhead_turns``), the paired differences ``d = a - w`` (shares of the compute step) bound the overhead
+    gap from below by their median's interval's low end (:func:`median_interval`); ``a`` ties when its predicted
+    time less ``(median(d) - low) * compute * steps`` is not above the winner's (an interval the turns cannot
+    bound: it ties).  A scheme without measured turns ties only at an equal prediction."""
+    import statistics
+
+    times = {r["scheme"]: r["time_to_target"] for r in rows if r["time_to_target"] is not None}
+    if not times:
+        return []
+    w = min(times, key=times.get)
+    out = []
+    for label, t in times.items():
+        a, b = s.overhead_turns.get(label), s.overhead_turns.get(w)
+        slack = 0.0
+        if label != w and a and b and len(a) == len(b):
+            d = [x - y for x, y in zip(a, b)]
+            iv = median_interval(d)
+            slack = math.inf if iv is None else \
+                (statistics.median(d) - iv[0]) * s.compute * (steps_to_target(label, s) or 1.0)
+        if label == w or t - slack <= times[w]:
+            out.append(label)
+    return out
 
 
 def _margin(s: Setting, bandwidth: float, latency: float, labels: Sequence[str]) -> float:
@@ -307,11 +359,19 @@ def format_advice(res: dict[str, Any]) -> str:
     lines = [format_rows(res["rows"], cols, title=title)]
     if res["steps_assumed"]:
         lines.append("steps to target: not given (--tta); every scheme assumed to need as many steps as dense")
-    lines.append(f"winner: {res['winner']}")
+    lines.append(f"winner: {res['winner']}" + _ties_note(res))
     c = res["crossover_bandwidth"]
     lines.append("crossover: " + ("none (a sparse scheme wins on every link)" if c is None else
                                   f"dense ({BASELINE} or float32, the faster) wins above {_gbit(c)}"))
     return "\n".join(lines)
+
+
+def _ties_note(res: dict[str, Any]) -> str:
+    others = [t for t in res.get("ties") or [] if t != res["winner"]]
+    if not others:
+        return ""
+    return (f" (tied at the measured overheads' {100 * res.get('tie_level', TIE_LEVEL):.0f}% interval: "
+            f"{', '.join(others)})")
 
 
 def _gbit(bandwidth: float) -> str:
@@ -373,7 +433,12 @@ def validate(res: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
     (``slower_turns`` of ``turns``), and whether the gap lies within the noise (``within_noise``: a one-sided
     sign test over the turns, :func:`sign_test_p`, does not find it slower at the 5% level; None when the
     measurement holds no per-step times).  ``tied``: every measured way that the same test does not find
-    slower than the measured best (the ways the measurement cannot tell from the winner)."""
+    slower than the measured best (the ways the measurement cannot tell from the winner).
+
+    At the resolution of both sides (``agrees_at_resolution``): the winners agree, or the measured winner is among
+    the advice's ties (``measured_in_ties``: the predicted winner's measured overheads cannot separate it from
+    the measured winner, :func:`ties`) and the predicted winner is within the measurement's noise of the
+    measured best."""
     paired = paired_steps(measured)
     sm = _samples(measured)
     rows = []
@@ -414,7 +479,11 @@ def validate(res: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
                 if r["scheme"] == winner or sign_test_p(
                     sum(1 for x, y in zip(sm[r["scheme"]], sm[winner]) if x * (r["steps_to_target"] or 1.0) > y * sb),
                     len(sm["compute"])) >= NOISE_LEVEL]
+    predicted_ties = res.get("ties") or [res["winner"]]
+    in_ties = winner in predicted_ties
     return {"rows": rows, "predicted_winner": res["winner"], "measured_winner": winner, "tied": tied,
+            "predicted_ties": predicted_ties, "measured_in_ties": in_ties,
+            "agrees_at_resolution": winner == res["winner"] or (in_ties and bool(within)),
             "winner_agrees": winner == res["winner"], "max_abs_error": max(errors, default=None),
             "predicted_kind": kind(res["winner"]), "measured_kind": kind(winner),
             "kind_agrees": kind(winner) == kind(res["winner"]), "gap": gap, "slower_turns": slower,
@@ -449,7 +518,8 @@ def format_validation(v: dict[str, Any]) -> str:
             Column("error", "error", lambda e: f"{100 * e:+.0f}%")]
     return (format_rows(v["rows"], cols, title="validation against the measured steps") +
             f"\npredicted winner {v['predicted_winner']}, measured winner {v['measured_winner']}"
-            f" ({'agree' if v['winner_agrees'] else 'DIFFER'}; {v['predicted_kind']} against {v['measured_kind']}); "
+            f" ({'agree' if v['winner_agrees'] else 'agree at resolution' if v.get('agrees_at_resolution') else 'DIFFER'};"
+            f" {v['predicted_kind']} against {v['measured_kind']}); "
             f"largest error {100 * v['max_abs_error']:.0f}%" + _gap_line(v))
 
 
@@ -486,7 +556,7 @@ def bytes_from(path: str, world: int) -> dict[str, float]:
     """Bytes one rank sent per step, per label, from an ``advise-steps --json`` file (``bytes_per_step``: the
     largest over the ranks), for :attr:`Setting.bytes_sent`: a run on the ``world`` ranks advised about (the
     bytes change with W)."""
-    data = json.loads(Path(path).read_text())
+    data = load_steps(path)
     if int(data.get("world_size", 0)) != world:
         raise ValueError(f"{path}: a run on W = {data.get('world_size')}; the bytes must come from a run on "
                          f"the W = {world} ranks advised about")
@@ -498,7 +568,7 @@ def overheads_from(path: str) -> dict[str, float]:
     """Each scheme's step overhead as a share of the compute step, from an ``advise-steps -n 1 --json`` file:
     ``(step - compute) / compute`` of one rank alone (no link in the way; negative shares, noise, are 0), the
     step paired by turn with the compute way's (:func:`paired_steps`)."""
-    data = json.loads(Path(path).read_text())
+    data = load_steps(path)
     if int(data.get("world_size", 0)) != 1:
         raise ValueError(f"{path}: the overheads come from one rank alone (advise-steps -n 1); "
                          f"this run had W = {data.get('world_size')}")
@@ -509,3 +579,34 @@ def overheads_from(path: str) -> dict[str, float]:
     compute = paired.get("compute", compute)
     return {r["scheme"]: max(0.0, (paired[r["scheme"]] - compute) / compute)
             for r in data["rows"] if r["scheme"] in ADVISE_SCHEMES}
+
+
+def overhead_turns_from(path: str) -> dict[str, tuple[float, ...]]:
+    """Each scheme's step overhead in every timed turn of an ``advise-steps -n 1 --json`` file, as
+    :func:`overheads_from` reads their median: ``(step[i] - compute[i]) / median(compute)``, unclipped (the
+    noise, for :func:`ties`); empty when the file holds no per-turn times."""
+    data = load_steps(path)
+    if int(data.get("world_size", 0)) != 1:
+        raise ValueError(f"{path}: the overheads come from one rank alone (advise-steps -n 1); "
+                         f"this run had W = {data.get('world_size')}")
+    sm = _samples(data)
+    if sm is None:
+        return {}
+    base = _median(sm["compute"])
+    return {k: tuple((x - y) / base for x, y in zip(v, sm["compute"])) for k, v in sm.items()
+            if k in ADVISE_SCHEMES}
+
+
+def load_steps(path: str) -> dict[str, Any]:
+    """An ``advise-steps --json`` result; a file that is not one (not JSON, no rows naming their ``scheme``, no
+    ``compute`` way) is a ValueError naming it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e.msg}, line {e.lineno})") from None
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and "scheme" in r for r in rows) \
+            or "compute" not in {r["scheme"] for r in rows}:
+        raise ValueError(f"{path}: not an `advise-steps --json` result (rows, one per way, the compute way among "
+                         "them)")
+    return data

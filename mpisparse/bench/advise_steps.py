@@ -3,7 +3,11 @@
 What :mod:`mpisparse.bench.advise` predicts, measured under MPI: each rank trains the same net
 (:func:`mpisparse.bench.overlap._way`: CIFAR-shaped random batches of its own) through
 :class:`mpisparse.torch.DistributedOptimizer`, one way per scheme, the ways taking turns step by step
-(a change of the machine's load falls on all alike).  The ways:
+(a change of the machine's load falls on all alike).  A turn is ``steps_per_turn`` consecutive steps of one
+way, of which the last ``steps_per_turn - steps_per_turn // 2`` are timed (their mean is the turn's step): the
+first settle what the other ways' turns left behind (a link's token bucket refilled while they ran, which one
+scheme training alone would have drained: with one step a turn a small exchange rides on a full bucket).  The
+ways:
 
 * ``compute``: the local optimizer, no exchange (the advisor's ``compute``);
 * ``dense``: float32 values, the exchange after backward;
@@ -37,10 +41,13 @@ def plan_ways(schemes: Sequence[str], dense_wire: str) -> list[tuple[str, str | 
 
 
 def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch: int, iters: int, warmup: int,
-              dense_wire: str = "float16", bucket_cap_mb: float = 25.0, seed: int = 0, progress=None
-              ) -> dict[str, Any]:
-    """The slowest rank's median step of each way; ``hidden_share``: ``(dense-16 - dense-opt) /
-    (dense-16 - compute)``."""
+              dense_wire: str = "float16", bucket_cap_mb: float = 25.0, seed: int = 0, steps_per_turn: int = 1,
+              progress=None) -> dict[str, Any]:
+    """The slowest rank's median step of each way (``iters`` timed turns after ``warmup``); ``hidden_share``:
+    ``(dense-16 - dense-opt) / (dense-16 - compute)``."""
+    if steps_per_turn < 1:
+        raise ValueError(f"steps per turn {steps_per_turn}; it must be >= 1")
+    settle = steps_per_turn // 2  # untimed steps at the start of each turn
     import os
 
     import torch
@@ -58,19 +65,23 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
     sent = {k: 0 for k in ways}
     for it in range(warmup + iters):
         for label, (_, _, _, net, x, y, opt) in ways.items():
-            comm.barrier()
-            b0 = _bytes(opt)
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(net(x), y).backward()
-            opt.step()
-            if it >= warmup:
-                times[label].append(time.perf_counter() - t0)
-                sent[label] += _bytes(opt) - b0
+            turn = []
+            for j in range(steps_per_turn):
+                comm.barrier()
+                b0 = _bytes(opt)
+                t0 = time.perf_counter()
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(net(x), y).backward()
+                opt.step()
+                if it >= warmup and j >= settle:
+                    turn.append(time.perf_counter() - t0)
+                    sent[label] += _bytes(opt) - b0
+            if turn:
+                times[label].append(statistics.fmean(turn))
         if progress is not None:
             progress(f"step {it + 1} of {warmup + iters}")
     mine = {k: statistics.median(v) for k, v in times.items()}
-    everyone = comm.allgather_obj({"times": mine, "steps": times, "bytes": {k: v / iters for k, v in sent.items()}})
+    everyone = comm.allgather_obj({"times": mine, "steps": times, "bytes": {k: v / (iters * (steps_per_turn - settle)) for k, v in sent.items()}})
     rows = []
     for label, (scheme, opts, overlap, *_rest) in ways.items():
         samples = step_samples([e["steps"][label] for e in everyone])
@@ -87,9 +98,14 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
     hidden = (by["dense-16"] - by[BASELINE]) / exchange if exchange > 0 else 0.0
     hidden = hidden_share_from({"rows": rows, "hidden_share": min(1.0, max(0.0, hidden))})  # paired by turn
     return {"command": "advise steps", "model": model, "density": density, "batch": batch, "iters": iters,
-            "warmup": warmup, "world_size": comm.size, "dense_wire": dense_wire, "seed": seed,
+            "warmup": warmup, "steps_per_turn": steps_per_turn, "world_size": comm.size, "dense_wire": dense_wire, "seed": seed,
             "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "compute_seconds": by["compute"], "hidden_share": min(1.0, max(0.0, hidden)), "rows": rows}
+
+
+def _per_turn(res: dict[str, Any]) -> str:
+    n = int(res.get("steps_per_turn", 1))
+    return "" if n == 1 else f"; a turn: {n} steps, the mean of the last {n - n // 2}"
 
 
 def step_samples(per_rank: Sequence[Sequence[float]]) -> list[float]:
@@ -109,6 +125,7 @@ def format_steps(res: dict[str, Any]) -> str:
             Column("step_min_seconds", "fastest ms", ms), Column("step_max_seconds", "slowest ms", ms),
             Column("bytes_per_step", "bytes/rank/step", "{:,.0f}")]
     title = (f"advise steps: {res['model']}, batch {res['batch']}, W={res['world_size']}, density {res['density']}, "
-             f"median of {res['iters']} steps (slowest rank); overlap hid {100 * res['hidden_share']:.0f}% of "
+             f"median of {res['iters']} turns (slowest rank"
+             f"{_per_turn(res)}); overlap hid {100 * res['hidden_share']:.0f}% of "
              f"the {res['dense_wire']} exchange")
     return format_rows(res["rows"], cols, title=title)

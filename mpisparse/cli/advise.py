@@ -90,21 +90,20 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
            json_path) -> None:
     """Predict every scheme's step and time to target on this network, the winner, and the crossover link
     bandwidth above which optimized dense (16-bit wire, overlapped) wins."""
-    import json
-
     from ..bench import advise as adv
     from ..bench import costmodel as cm
     from ..schemes.powersgd import powersgd_elements
     
     hosts = hosts or world
     if hidden_json:
-        hidden_share = adv.hidden_share_from(json.loads(open(hidden_json).read()))
+        hidden_share = adv.hidden_share_from(usage(adv.load_steps, hidden_json))
     if link_json:
         rate = usage(adv.delivered_bandwidth, link_json)
     steps = usage(adv.load_tta, tta_json) if tta_json else {}
     overheads = usage(adv.overheads_from, overhead_json) if overhead_json else {}
+    overhead_turns = adv.overhead_turns_from(overhead_json) if overhead_json else {}
     bytes_sent = usage(adv.bytes_from, bytes_json, world) if bytes_json else {}
-    measured = json.loads(open(measured_json).read()) if measured_json else None
+    measured = usage(adv.load_steps, measured_json) if measured_json else None
     compute_from = "given"
     if compute_seconds is None and measured is not None:
         compute_seconds, compute_from = adv.paired_steps(measured)["compute"], "measured (--measured)"
@@ -119,7 +118,7 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
                     density=density, hidden_share=hidden_share, window=window, dense_wire=dense_wire,
                     sparse_wire=sparse_wire, latency=latency_us * 1e-6, rates=rates, shared_cores=shared_cores,
                     powersgd_elements=powersgd_elements(layout), steps=steps, overheads=overheads,
-                    bytes_sent=bytes_sent, burst=burst)
+                    overhead_turns=overhead_turns, bytes_sent=bytes_sent, burst=burst)
     res = adv.advise(setting, cm.Link(latency=latency_us * 1e-6, bandwidth=rate))
     res.update(model=model, compute_from=compute_from, hidden_from=hidden_json or "--hidden-share",
                overhead_from=overhead_json or "the cost model's kernel rates", link_from=link_json or "--rate",
@@ -187,11 +186,16 @@ def measure_compute(model: str, batch: int, steps: int = 3) -> float:
 @click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True)
 @click.option("--dense-wire", type=click.Choice(WIRES), default="float16", show_default=True)
 @click.option("--batch", type=click.IntRange(min=1), default=16, show_default=True, help="Samples per rank.")
-@click.option("--iters", type=click.IntRange(min=1), default=3, show_default=True, help="Timed steps per way.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed steps first.")
+@click.option("--iters", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed turns per way (the ways take turns).")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True, help="Untimed turns first.")
+@click.option("--steps-per-turn", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Consecutive steps of a way in each turn; the mean of the last half is the turn's step (the "
+                   "first settle a link's token bucket that refilled during the other ways' turns).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="The measured steps (and provenance).")
-def advise_steps(nprocs, timeout, model, schemes, density, dense_wire, batch, iters, warmup, json_path) -> None:
+def advise_steps(nprocs, timeout, model, schemes, density, dense_wire, batch, iters, warmup, steps_per_turn,
+                 json_path) -> None:
     """Measure every scheme's training step (with compute) to check `mpisparse advise` against."""
     maybe_relaunch(nprocs, timeout)
     from ..bench.advise_steps import format_steps, run_steps
@@ -201,7 +205,8 @@ def advise_steps(nprocs, timeout, model, schemes, density, dense_wire, batch, it
     comm = open_comm(nprocs)
     say = (lambda m: click.echo(m, err=True)) if comm.rank == 0 else None
     res = run_steps(comm, model=model, schemes=tuple(dict.fromkeys(schemes)), density=density, batch=batch,
-                    iters=iters, warmup=warmup, dense_wire=dense_wire, progress=say)
+                    iters=iters, warmup=warmup, dense_wire=dense_wire, steps_per_turn=steps_per_turn,
+                    progress=say)
     prov = gather_provenance(comm)
     if comm.rank == 0:
         click.echo(format_steps(res))
