@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from mpisparse.bench import advise as adv
+from mpisparse.bench import advise_measured as am
 from mpisparse.bench import costmodel as cm
 from mpisparse.cli import cli
 
@@ -114,21 +115,21 @@ def test_load_tta_maps_the_optimized_dense_row(tmp_path):
         {"scheme": "dense", "wire_dtype": "float16", "overlap": True, "steps_to_target": 120},
         {"scheme": "dense", "wire_dtype": "float32", "steps_to_target": 118},
         {"scheme": "topk", "steps_to_target": "not reached"}, {"scheme": "deft", "steps_to_target": 150}]}))
-    assert adv.load_tta(str(p)) == {adv.BASELINE: 120.0, "dense": 118.0, "topk": None, "deft": 150.0}
+    assert am.load_tta(str(p)) == {adv.BASELINE: 120.0, "dense": 118.0, "topk": None, "deft": 150.0}
     p.write_text(json.dumps([{"scheme": "topk", "steps_to_target": 3}]))
     with pytest.raises(ValueError, match="no dense row"):
-        adv.load_tta(str(p))
+        am.load_tta(str(p))
 
 
 def test_validation_compares_steps_and_winners():
     res = adv.advise(setting(), link(1e9))
     measured = {"rows": [{"scheme": r["scheme"], "step_seconds": r["step_seconds"] * 1.1} for r in res["rows"]]}
     measured["rows"].append({"scheme": "dense-16", "step_seconds": 0.01})  # measured only, not a contender
-    v = adv.validate(res, measured)
+    v = am.validate(res, measured)
     assert v["winner_agrees"] and v["max_abs_error"] == pytest.approx(1 / 11)
-    assert v["kind_agrees"] and v["predicted_kind"] == adv.kind(res["winner"])
-    assert [adv.kind(x) for x in (adv.BASELINE, "dense", "cltk", None)] == [adv.BASELINE, "dense", "sparse", None]
-    assert "agree" in adv.format_validation(v)
+    assert v["kind_agrees"] and v["predicted_kind"] == am.kind(res["winner"])
+    assert [am.kind(x) for x in (adv.BASELINE, "dense", "cltk", None)] == [adv.BASELINE, "dense", "sparse", None]
+    assert "agree" in am.format_validation(v)
 
 
 @pytest.mark.mpi  # the JSON's provenance asks mpi4py for the MPI library's version
@@ -160,23 +161,23 @@ def test_measured_overheads_replace_the_kernel_rates(tmp_path):
     p.write_text(json.dumps({"world_size": 1, "compute_seconds": 2.0, "rows": [
         {"scheme": "compute", "step_seconds": 2.0}, {"scheme": "dense-opt", "step_seconds": 2.2},
         {"scheme": "topk", "step_seconds": 2.5}, {"scheme": "deft", "step_seconds": 1.9}]}))
-    over = adv.overheads_from(str(p))
+    over = am.overheads_from(str(p))
     assert over == pytest.approx({"dense-opt": 0.1, "topk": 0.25, "deft": 0.0})
     s = setting(compute=4.0, overheads=over)
     assert adv.step_time("topk", s, link(1e9))["overhead"] == pytest.approx(1.0)  # a share of this compute
     assert adv.step_time("cltk", s, link(1e9))["overhead"] < 0.1  # not measured: the kernel rates
     p.write_text(json.dumps({"world_size": 2, "compute_seconds": 2.0, "rows": [{"scheme": "compute"}]}))
     with pytest.raises(ValueError, match="one rank alone"):
-        adv.overheads_from(str(p))
+        am.overheads_from(str(p))
 
 
 def test_delivered_bandwidth_is_what_dense_exchange_carried(tmp_path):
     p = tmp_path / "x.json"
     p.write_text(json.dumps([{"scheme": "dense", "exchange_seconds": 0.2, "bytes_sent_per_rank": 4.0e7}]))
-    assert adv.delivered_bandwidth(str(p)) == pytest.approx(2.0e8)
+    assert am.delivered_bandwidth(str(p)) == pytest.approx(2.0e8)
     p.write_text(json.dumps([{"scheme": "topk", "exchange_seconds": 0.2, "bytes_sent_per_rank": 1.0}]))
     with pytest.raises(ValueError, match="no dense row"):
-        adv.delivered_bandwidth(str(p))
+        am.delivered_bandwidth(str(p))
 
 
 def test_a_mismatch_says_how_far_and_whether_it_is_within_the_noise():
@@ -195,27 +196,27 @@ def test_a_mismatch_says_how_far_and_whether_it_is_within_the_noise():
     other = next(r for r in rows[1:] if r["scheme"] != pred)
     for r in rows:
         r["step_seconds"] = sorted(r["step_samples_seconds"])[2]  # a plain median: the load's, mostly
-    paired = adv.paired_steps({"rows": rows})
+    paired = am.paired_steps({"rows": rows})
     assert paired["compute"] == pytest.approx(1.75) and paired[pred] == pytest.approx(1.75 + 0.3 * 1.75)
-    v = adv.validate(res, {"rows": rows})
+    v = am.validate(res, {"rows": rows})
     assert v["winner_agrees"] and v["gap"] == 0.0 and v["paired"]
     other["step_samples_seconds"] = [1.2, 3.95, 1.8, 2.5]  # faster in the paired median, slower in one turn
-    v = adv.validate(res, {"rows": rows})
+    v = am.validate(res, {"rows": rows})
     assert not v["winner_agrees"] and v["measured_winner"] == other["scheme"] and v["gap"] > 0
     assert (v["slower_turns"], v["turns"], v["within_noise"]) == (3, 4, True)
-    assert "slower in 3 of 4 turns, sign test p = 0.31: within the noise" in adv.format_validation(v)
+    assert "slower in 3 of 4 turns, sign test p = 0.31: within the noise" in am.format_validation(v)
     assert set(v["tied"]) == set(adv.ADVISE_SCHEMES)  # the rest were slower in every turn, but 4 turns cannot say
     other["step_samples_seconds"] = [1.1, 3.2, 1.6, 2.1]  # faster in every turn: 4 of 4 is p = 1/16, still noise
-    v = adv.validate(res, {"rows": rows})
+    v = am.validate(res, {"rows": rows})
     assert (v["slower_turns"], v["within_noise"]) == (4, True)
     for r in rows:  # eight turns, faster in every one: p = 1/256, beyond the noise
         r["step_samples_seconds"] = r["step_samples_seconds"] * 2
-    v = adv.validate(res, {"rows": rows})
+    v = am.validate(res, {"rows": rows})
     assert (v["slower_turns"], v["turns"], v["within_noise"]) == (8, 8, False)
-    assert "beyond the noise" in adv.format_validation(v) and v["tied"] == [other["scheme"]]
+    assert "beyond the noise" in am.format_validation(v) and v["tied"] == [other["scheme"]]
     for r in rows:  # an older measurement without per-step times: plain medians, no noise verdict
         del r["step_samples_seconds"]
-    v = adv.validate(res, {"rows": rows})
+    v = am.validate(res, {"rows": rows})
     assert not v["paired"] and v["within_noise"] is None and v["tied"] is None
     assert v["rows"][0]["measured_seconds"] == v["rows"][0]["measured_median_seconds"]
 
@@ -225,13 +226,13 @@ def test_the_hidden_share_and_the_overheads_are_paired_by_turn(tmp_path):
     rows = [{"scheme": k, "step_seconds": 0.0, "step_samples_seconds": [f * x for x in load]}
             for k, f in (("compute", 1.0), ("dense-16", 1.5), (adv.BASELINE, 1.3), ("cltk", 1.1))]
     m = {"rows": rows, "hidden_share": 0.9, "world_size": 1, "compute_seconds": 2.0}
-    assert adv.hidden_share_from(m) == pytest.approx(0.4)  # (1.5 - 1.3) / (1.5 - 1)
+    assert am.hidden_share_from(m) == pytest.approx(0.4)  # (1.5 - 1.3) / (1.5 - 1)
     p = tmp_path / "o.json"
     p.write_text(json.dumps(m))
-    assert adv.overheads_from(str(p)) == pytest.approx({adv.BASELINE: 0.3, "cltk": 0.1})
+    assert am.overheads_from(str(p)) == pytest.approx({adv.BASELINE: 0.3, "cltk": 0.1})
     for r in rows:
         del r["step_samples_seconds"]
-    assert adv.hidden_share_from(m) == 0.9
+    assert am.hidden_share_from(m) == 0.9
 
 
 def test_measured_bytes_scale_the_exchange_bandwidth_term_only(tmp_path):
@@ -245,7 +246,7 @@ def test_measured_bytes_scale_the_exchange_bandwidth_term_only(tmp_path):
     p.write_text(json.dumps({"world_size": 4, "rows": [
         {"scheme": "compute", "bytes_per_step": 0}, {"scheme": "dense", "bytes_per_step": 2 * 3 / 4 * N * 4},
         {"scheme": "oktopk", "bytes_per_step": 3 * oktopk_bound_bytes(k, 4, 4)}, {"scheme": "dense-16"}]}))
-    got = adv.bytes_from(str(p), 4)
+    got = am.bytes_from(str(p), 4)
     assert set(got) == {"dense", "oktopk"}  # compute sends nothing; dense-16 is not a contender
     measured = setting(world=4, hosts=4, bytes_sent=got)
     lk = link(100e6)
@@ -256,7 +257,7 @@ def test_measured_bytes_scale_the_exchange_bandwidth_term_only(tmp_path):
     assert adv.step_time("dense", measured, lk)["exchange"] == pytest.approx(adv.step_time("dense", s, lk)["exchange"])
     assert adv.step_time("topk", measured, lk) == adv.step_time("topk", s, lk)  # not measured: the byte model
     with pytest.raises(ValueError, match="W = 4; the bytes must come from a run on the W = 2"):
-        adv.bytes_from(str(p), 2)
+        am.bytes_from(str(p), 2)
     r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "1", "-W", "2", "--bytes-from", str(p)])
     assert r.exit_code == 2 and "the bytes must come from a run on the W = 2" in r.output, r.output
 
@@ -289,10 +290,10 @@ def test_a_token_bucket_lets_a_steps_first_bytes_through():
 
 
 def test_the_sign_test():
-    assert adv.sign_test_p(0, 5) == 1.0 and adv.sign_test_p(4, 4) == 1 / 16
-    assert adv.sign_test_p(15, 20) == pytest.approx(0.0207, abs=1e-4)
-    assert adv.sign_test_p(15, 20) < adv.NOISE_LEVEL < adv.sign_test_p(14, 20)
-    assert adv.sign_test_p(7, 8) == pytest.approx(9 / 256)
+    assert am.sign_test_p(0, 5) == 1.0 and am.sign_test_p(4, 4) == 1 / 16
+    assert am.sign_test_p(15, 20) == pytest.approx(0.0207, abs=1e-4)
+    assert am.sign_test_p(15, 20) < am.NOISE_LEVEL < am.sign_test_p(14, 20)
+    assert am.sign_test_p(7, 8) == pytest.approx(9 / 256)
 
 
 def test_the_median_interval_is_distribution_free():
@@ -327,14 +328,14 @@ def test_ties_are_the_schemes_the_measured_overheads_cannot_separate_from_the_wi
                                                                      == "gtopk") for i in range(8)]})
     for r in rows:
         r["step_seconds"] = sorted(r["step_samples_seconds"])[4]
-    v = adv.validate(res, {"rows": rows})
+    v = am.validate(res, {"rows": rows})
     assert v["measured_winner"] == "deft" and not v["winner_agrees"] and v["within_noise"]
     assert v["measured_in_ties"] and v["agrees_at_resolution"] and v["predicted_ties"] == ["deft", "gtopk"]
-    assert "agree at resolution" in adv.format_validation(v)
+    assert "agree at resolution" in am.format_validation(v)
     next(r for r in rows if r["scheme"] == "cltk")["step_samples_seconds"] = [1.0] * 8
-    v = adv.validate(res, {"rows": rows})
+    v = am.validate(res, {"rows": rows})
     assert v["measured_winner"] == "cltk" and not v["measured_in_ties"] and not v["agrees_at_resolution"]
-    assert "DIFFER" in adv.format_validation(v)
+    assert "DIFFER" in am.format_validation(v)
 
 
 @pytest.mark.parametrize("content", ["[1, 2]", "{\"rows\": [{\"scheme\": \"topk\"}]}", "not json"])

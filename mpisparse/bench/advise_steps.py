@@ -26,7 +26,8 @@ import statistics
 import time
 from typing import Any, Sequence
 
-from .advise import BASELINE, hidden_share_from
+from .advise import BASELINE
+from .advise_measured import hidden_share_from
 
 #: the sparse schemes a measurement runs by default (the advisor's)
 SPARSE = ("topk", "cltk", "deft", "gtopk", "powersgd", "oktopk")
@@ -81,7 +82,8 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
         if progress is not None:
             progress(f"step {it + 1} of {warmup + iters}")
     mine = {k: statistics.median(v) for k, v in times.items()}
-    everyone = comm.allgather_obj({"times": mine, "steps": times, "bytes": {k: v / (iters * (steps_per_turn - settle)) for k, v in sent.items()}})
+    timed = iters * (steps_per_turn - settle)  # timed steps per way
+    everyone = comm.allgather_obj({"times": mine, "steps": times, "bytes": {k: v / timed for k, v in sent.items()}})
     rows = []
     for label, (scheme, opts, overlap, *_rest) in ways.items():
         samples = step_samples([e["steps"][label] for e in everyone])
@@ -98,8 +100,8 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
     hidden = (by["dense-16"] - by[BASELINE]) / exchange if exchange > 0 else 0.0
     hidden = hidden_share_from({"rows": rows, "hidden_share": min(1.0, max(0.0, hidden))})  # paired by turn
     return {"command": "advise steps", "model": model, "density": density, "batch": batch, "iters": iters,
-            "warmup": warmup, "steps_per_turn": steps_per_turn, "world_size": comm.size, "dense_wire": dense_wire, "seed": seed,
-            "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+            "warmup": warmup, "steps_per_turn": steps_per_turn, "world_size": comm.size, "dense_wire": dense_wire,
+            "seed": seed, "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "compute_seconds": by["compute"], "hidden_share": min(1.0, max(0.0, hidden)), "rows": rows}
 
 

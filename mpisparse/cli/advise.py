@@ -91,22 +91,23 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
     """Predict every scheme's step and time to target on this network, the winner, and the crossover link
     bandwidth above which optimized dense (16-bit wire, overlapped) wins."""
     from ..bench import advise as adv
+    from ..bench import advise_measured as am
     from ..bench import costmodel as cm
     from ..schemes.powersgd import powersgd_elements
     
     hosts = hosts or world
     if hidden_json:
-        hidden_share = adv.hidden_share_from(usage(adv.load_steps, hidden_json))
+        hidden_share = am.hidden_share_from(usage(am.load_steps, hidden_json))
     if link_json:
-        rate = usage(adv.delivered_bandwidth, link_json)
-    steps = usage(adv.load_tta, tta_json) if tta_json else {}
-    overheads = usage(adv.overheads_from, overhead_json) if overhead_json else {}
-    overhead_turns = adv.overhead_turns_from(overhead_json) if overhead_json else {}
-    bytes_sent = usage(adv.bytes_from, bytes_json, world) if bytes_json else {}
-    measured = usage(adv.load_steps, measured_json) if measured_json else None
+        rate = usage(am.delivered_bandwidth, link_json)
+    steps = usage(am.load_tta, tta_json) if tta_json else {}
+    overheads = usage(am.overheads_from, overhead_json) if overhead_json else {}
+    overhead_turns = am.overhead_turns_from(overhead_json) if overhead_json else {}
+    bytes_sent = usage(am.bytes_from, bytes_json, world) if bytes_json else {}
+    measured = usage(am.load_steps, measured_json) if measured_json else None
     compute_from = "given"
     if compute_seconds is None and measured is not None:
-        compute_seconds, compute_from = adv.paired_steps(measured)["compute"], "measured (--measured)"
+        compute_seconds, compute_from = am.paired_steps(measured)["compute"], "measured (--measured)"
     if compute_seconds is None:
         compute_seconds, compute_from = measure_compute(model, batch), f"measured here (batch {batch})"
     rates = adv.DEFAULT_RATES
@@ -125,8 +126,8 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
                bytes_from=bytes_json or "the cost model's byte model")
     click.echo(adv.format_advice(res))
     if measured is not None:
-        res["validation"] = adv.validate(res, measured)
-        click.echo(adv.format_validation(res["validation"]))
+        res["validation"] = am.validate(res, measured)
+        click.echo(am.format_validation(res["validation"]))
     if json_path:
         from ..results.files import write_json
         from ..results.provenance import local_provenance

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mpisparse.bench.advise import sign_test_p
+from mpisparse.bench.advise_measured import sign_test_p
 
 from .framework import Run, Table, _table, md_table, _emucluster_unavailable
 
