@@ -2,8 +2,8 @@
 
 What :mod:`mpisparse.bench.advise` predicts, measured under MPI: each rank trains the same net
 (:func:`mpisparse.bench.overlap._way`: CIFAR-shaped random batches of its own) through
-:class:`mpisparse.torch.DistributedOptimizer`, one way per scheme, the ways taking turns step by step
-(a change of the machine's load falls on all alike).  A turn is ``steps_per_turn`` consecutive steps of one
+:class:`mpisparse.torch.DistributedOptimizer`, one way per scheme, the ways taking turns (a
+change of the machine's load falls on all alike).  A turn is ``steps_per_turn`` consecutive steps of one
 way, of which the last ``steps_per_turn - steps_per_turn // 2`` are timed (their mean is the turn's step): the
 first settle what the other ways' turns left behind (a link's token bucket refilled while they ran, which one
 scheme training alone would have drained: with one step a turn a small exchange rides on a full bucket).  The
@@ -80,7 +80,7 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
             if turn:
                 times[label].append(statistics.fmean(turn))
         if progress is not None:
-            progress(f"step {it + 1} of {warmup + iters}")
+            progress(f"turn {it + 1} of {warmup + iters}")
     mine = {k: statistics.median(v) for k, v in times.items()}
     timed = iters * (steps_per_turn - settle)  # timed steps per way
     everyone = comm.allgather_obj({"times": mine, "steps": times, "bytes": {k: v / timed for k, v in sent.items()}})

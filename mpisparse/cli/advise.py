@@ -102,7 +102,7 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
         rate = usage(am.delivered_bandwidth, link_json)
     steps = usage(am.load_tta, tta_json) if tta_json else {}
     overheads = usage(am.overheads_from, overhead_json) if overhead_json else {}
-    overhead_turns = am.overhead_turns_from(overhead_json) if overhead_json else {}
+    overhead_turns = usage(am.overhead_turns_from, overhead_json) if overhead_json else {}
     bytes_sent = usage(am.bytes_from, bytes_json, world) if bytes_json else {}
     measured = usage(am.load_steps, measured_json) if measured_json else None
     compute_from = "given"

@@ -180,18 +180,18 @@ _table(Table(
            "let refill, as one scheme training alone would), so a measured step is *paired by turn*: "
            "the compute way's median step plus the median over the timed turns of (the way's step - the compute "
            "way's step in the same turn), which cancels the other jobs' load that changes from turn to turn; the "
-           "overheads, the compute and the hidden share are read the same way. The advice names the winner and "
-           "its *ties*: the schemes whose measured overheads cannot separate them from it (the distribution-free "
-           "95% interval of the median of their per-turn difference in the one-rank run closes the predicted "
-           "gap); the two sides agree *at resolution* when the measured winner is among those ties and the "
-           "predicted winner is within the measurement's noise of the measured best. The plain median of the way's own "
+           "overheads, the compute and the hidden share are read the same way. The plain median of the way's own "
            "steps stands beside it, and the range of its excess over compute across the turns. Where the "
            "predicted and the measured winner differ, the gap column is how much slower the predicted winner's "
            "measured step was than the measured best's and in how many turns it was the slower of the two, with "
            "a one-sided sign test's p over the turns: *within noise* when p >= 0.05 (with 4 turns even 4 of 4 is "
-           "p = 0.0625); the ways the same test cannot tell from the measured best are listed. Steps to target "
-           "are not given (no `--tta`): "
-           "every scheme is assumed to need as many steps as dense, so the winner is the fastest step."),
+           "p = 0.0625); the ways the same test cannot tell from the measured best are listed. The advice "
+           "names the winner and its *ties*: the schemes whose measured overheads cannot separate them from it "
+           "(the distribution-free 95% interval of the median of their per-turn difference in the one-rank run "
+           "closes the predicted gap); the two sides agree *at resolution* when the measured winner is among "
+           "those ties and the predicted winner is within the measurement's noise of the measured best. Steps "
+           "to target are not given (no `--tta`): every scheme is assumed to need as many steps as dense, so the "
+           "winner is the fastest step."),
     runs=_runs,
     render=_advisor_render,
     unavailable=lambda: _emucluster_unavailable(),
