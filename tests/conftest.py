@@ -50,11 +50,7 @@ def mpi_run(n: int, args: list[str], *, module: bool = False, timeout: int = MPI
     # a script's own folder replaces the working directory on sys.path: name the checkout explicitly
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent), full_env.get("PYTHONPATH")) if p)
     full_env.pop("PMI_RANK", None)
-    for _ in range(2):  # the launcher's own failure, before any rank ran, is launched once more
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 30, env=full_env,
-                              cwd=HERE.parent)
-        if not launcher_failed_to_start(proc):
-            break
+    proc = launch(argv, capture_output=True, text=True, timeout=timeout + 30, env=full_env, cwd=HERE.parent)
     if check and proc.returncode != 0:
         raise AssertionError(f"MPI job failed ({proc.returncode}): {' '.join(argv)}\n"
                              f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}")
@@ -68,6 +64,16 @@ LAUNCHER_START_FAILURES = ("The PMIx server's listener thread failed to start",)
 
 def launcher_failed_to_start(proc: subprocess.CompletedProcess) -> bool:
     return proc.returncode != 0 and any(m in (proc.stderr or "") for m in LAUNCHER_START_FAILURES)
+
+
+def launch(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, **kw)`` of a command line that starts ``mpiexec`` (stderr captured), launched once
+    more when the launcher itself failed to start, before any rank ran (:data:`LAUNCHER_START_FAILURES`)."""
+    for _ in range(2):
+        proc = subprocess.run(cmd, **kw)
+        if not launcher_failed_to_start(proc):
+            break
+    return proc
 
 
 def mpiexec_prefix(timeout: int = MPI_TIMEOUT) -> tuple[list[str], dict[str, str]]:

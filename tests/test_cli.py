@@ -13,7 +13,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from conftest import HERE, mpi_run, mpiexec_prefix
+from conftest import HERE, launch, mpi_run, mpiexec_prefix
 from mpisparse.cli import cli
 from mpisparse.mpi.launch import build_mpiexec_command, env_rank, under_mpi_launcher
 
@@ -162,8 +162,7 @@ def test_ranks_with_different_configurations_fail_on_start(tmp_path):
     args = ["-m", "mpisparse", "bench", "step", "--model", "ncf", "--iters", "1", "--density"]
     cmd = [*prefix, "-n", "1", sys.executable, *args, "0.01", ":", "-n", "1", sys.executable, *args, "0.02"]
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=90, cwd=HERE.parent,
-                       env=dict(os.environ, **env))
+    p = launch(cmd, capture_output=True, text=True, timeout=90, cwd=HERE.parent, env=dict(os.environ, **env))
     assert p.returncode != 0
     assert "ranks disagree on the configuration: density: rank 0 has 0.01, rank 1 has 0.02" in p.stderr
     assert time.time() - t0 < 60
@@ -195,9 +194,9 @@ def test_a_rank_that_raises_ends_the_job_without_mpi4py_run():
     """The console entry point aborts by itself (no ``python -m mpi4py``)."""
     prefix, env = mpiexec_prefix(60)
     t0 = time.time()
-    p = subprocess.run([*prefix, "-n", "2", sys.executable, str(HERE / "mpi" / "raise_on_rank.py"), "0"],
-                       capture_output=True, text=True, timeout=90, cwd=HERE.parent,
-                       env=dict(os.environ, **env, PYTHONPATH=str(HERE.parent)))
+    p = launch([*prefix, "-n", "2", sys.executable, str(HERE / "mpi" / "raise_on_rank.py"), "0"],
+               capture_output=True, text=True, timeout=90, cwd=HERE.parent,
+               env=dict(os.environ, **env, PYTHONPATH=str(HERE.parent)))
     assert p.returncode != 0
     assert "error on rank 0: RuntimeError: injected failure on rank 0" in p.stderr
     assert time.time() - t0 < 30

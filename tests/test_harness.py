@@ -38,6 +38,22 @@ def test_mpi_run_relaunches_only_a_launcher_that_failed_to_start(monkeypatch, fi
     assert len(calls) == runs
 
 
+@pytest.mark.parametrize("first, runs, rc", [
+    (_proc(213, "The PMIx server's listener thread failed to start."), 2, 0),
+    (_proc(213, "rank 0 raised"), 1, 213),
+])
+def test_launch_is_the_same_relaunch_for_tests_that_write_their_own_mpiexec_line(monkeypatch, first, runs, rc):
+    calls = []
+
+    def fake_run(argv, **kw):
+        calls.append((argv, kw))
+        return first if len(calls) == 1 else _proc(0)
+
+    monkeypatch.setattr(conftest.subprocess, "run", fake_run)
+    assert conftest.launch(["mpiexec", "-n", "1", "x"], capture_output=True, timeout=5).returncode == rc
+    assert len(calls) == runs and all(kw == {"capture_output": True, "timeout": 5} for _, kw in calls)
+
+
 def test_the_suite_budget_fails_only_past_its_limit():
     assert conftest.suite_budget_verdict(500.0, None) is None
     assert conftest.suite_budget_verdict(500.0, "") is None

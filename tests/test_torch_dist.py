@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import HERE, mpi_run, mpi_script
+from conftest import HERE, launch, mpi_run, mpi_script
 
 torch = pytest.importorskip("torch")
 SCRIPT = mpi_script("check_torch_dist.py")
@@ -161,8 +161,8 @@ def test_an_exception_on_one_rank_ends_a_plain_python_job_within_seconds():
     argv, extra = mpiexec_prefix(timeout=60)
     env = dict(os.environ, **extra, PYTHONPATH=str(HERE.parent), OMP_NUM_THREADS="1")
     t0 = time.monotonic()
-    p = subprocess.run([*argv, "-n", "2", sys.executable, mpi_script("check_torch_api.py"), "--raise"],
-                       capture_output=True, text=True, timeout=90, env=env)
+    p = launch([*argv, "-n", "2", sys.executable, mpi_script("check_torch_api.py"), "--raise"],
+               capture_output=True, text=True, timeout=90, env=env)
     took = time.monotonic() - t0
     assert p.returncode != 0
     assert "planted failure on the last rank" in p.stderr

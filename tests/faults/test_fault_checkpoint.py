@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import SelfComm  # noqa: E402
+from conftest import SelfComm, launch  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -169,9 +169,9 @@ def test_every_rank_refuses_a_different_run(ck):
     argv[2] = "2"  # -n 2
     # every rank compares before any collective of the training runs: a rank that stopped waiting for the
     # other would hang, so a bounded, failing job shows they all refused
-    p = subprocess.run([*argv, sys.executable, "-m", "mpisparse", *BASE, "--seed", "9", "--epochs", "2",
-                        "--checkpoint", str(ck), "--resume"], capture_output=True, text=True, timeout=150,
-                       cwd=ROOT, env=dict(os.environ, **plan.env, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+    p = launch([*argv, sys.executable, "-m", "mpisparse", *BASE, "--seed", "9", "--epochs", "2",
+                "--checkpoint", str(ck), "--resume"], capture_output=True, text=True, timeout=150,
+               cwd=ROOT, env=dict(os.environ, **plan.env, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
     assert p.returncode != 0
     assert "seed: checkpoint has 3, this run has 9" in p.stderr, p.stderr[-2000:]
 

@@ -19,7 +19,7 @@ import pytest
 
 from mpisparse.config import CLI_ONLY_OPTIONS, OPTION_FIELDS, BenchConfig, MPConfig, TrainConfig
 from mpisparse.registry import all_options
-from conftest import mpiexec_prefix  # noqa: E402
+from conftest import launch, mpiexec_prefix  # noqa: E402
 
 
 def _field_names(cls) -> set[str]:
@@ -67,7 +67,7 @@ def _mpmd(rank0: list[str], rank1: list[str], timeout: int = 60) -> subprocess.C
     prefix, env = mpiexec_prefix(timeout)
     cmd = [*prefix, "-n", "1", sys.executable, "-m", "mpisparse", *rank0, ":",
            "-n", "1", sys.executable, "-m", "mpisparse", *rank1]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 30, cwd=ROOT,
+    return launch(cmd, capture_output=True, text=True, timeout=timeout + 30, cwd=ROOT,
                           env=dict(os.environ, **env, OMP_NUM_THREADS="1"))
 
 

@@ -1,14 +1,13 @@
 """An uncaught exception on one rank of a library user's script ends the whole job quickly."""
 
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import mpiexec_prefix  # noqa: E402
+from conftest import launch, mpiexec_prefix  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,8 +21,8 @@ def test_exception_after_import_aborts_the_job():
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), full_env.get("PYTHONPATH")) if p)
     full_env.pop("PMI_RANK", None)
     t0 = time.time()
-    p = subprocess.run([*prefix, "-n", "2", sys.executable, script], capture_output=True, text=True,
-                       timeout=90, cwd=ROOT, env=full_env)
+    p = launch([*prefix, "-n", "2", sys.executable, script], capture_output=True, text=True,
+               timeout=90, cwd=ROOT, env=full_env)
     end = time.time()
     assert p.returncode != 0, p.stdout[-2000:]
     assert "injected failure on rank 1" in p.stderr, p.stderr[-2000:]

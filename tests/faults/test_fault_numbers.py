@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import SelfComm  # noqa: E402
+from conftest import SelfComm, launch  # noqa: E402
 from mpisparse.config import TrainConfig  # noqa: E402
 from mpisparse.results.timing import PhaseTimer  # noqa: E402
 from mpisparse.train.core import NoProgress, StepOutcome, TrainStep, run_loop  # noqa: E402
@@ -44,9 +44,9 @@ def _mpiexec(n: int, timeout: int) -> tuple[list[str], dict[str, str]]:
 @pytest.mark.parametrize("ranks", [3])
 def test_an_overflowing_exchange_is_skipped_on_every_rank_for_every_scheme(ranks):
     argv, env = _mpiexec(ranks, 180)
-    p = subprocess.run([*argv, sys.executable, "-m", "mpi4py", str(HERE / "overflow_ranks.py")],
-                       capture_output=True, text=True, timeout=210, cwd=ROOT,
-                       env=dict(os.environ, **env, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+    p = launch([*argv, sys.executable, "-m", "mpi4py", str(HERE / "overflow_ranks.py")],
+               capture_output=True, text=True, timeout=210, cwd=ROOT,
+               env=dict(os.environ, **env, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
     assert f"overflow OK on {ranks} ranks" in p.stdout
     for name in ("dense", "topk", "gtopk", "cltk", "deft"):
