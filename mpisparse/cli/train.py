@@ -174,6 +174,10 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
             output.print_train_result(res)
     if comm.rank == 0:
         output.finish_train(results, steps, log, json_path, plot_path)
+    if stopped:
+        # every rank fails next, and a failing rank ends the whole job (main's abort): wait until rank 0 has
+        # written the finished schemes' results, or another rank's abort could cut them off
+        comm.barrier()
     if hasattr(comm, "close"):  # torch.distributed (torchrun): end the process group on every rank
         comm.close()
         session.END_WITHOUT_TEARDOWN = not stopped
