@@ -77,6 +77,27 @@ def test_timer_keeps_the_last_records_and_averages_every_step(monkeypatch):
     assert t.means()["wait"] == pytest.approx(2.0)  # (0 + 1 + 2 + 3 + 4) / 5, not the kept records' 3.0
 
 
+def test_a_nested_phase_counts_once_in_the_innermost(monkeypatch):
+    """The library's exchange runs inside a caller's ``backward`` phase: its phases are not counted twice."""
+    import mpisparse.results.timing as timing
+
+    t = PhaseTimer()
+    clock = iter([0.0, 1.0, 3.0, 3.5, 4.0, 10.0, 11.0, 12.0])  # each phase opens, then closes innermost first
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    with t.step():  # 0.0
+        with t.phase("backward"):  # 1.0
+            with t.phase("exchange_values"):  # 3.0
+                with t.phase("wait"):  # 3.5 .. 4.0
+                    pass
+            # exchange_values closes at 10.0
+        # backward closes at 11.0 -> step ends at the next reading
+    rec = t.records[0]
+    assert rec["wait"] == pytest.approx(0.5)
+    assert rec["exchange_values"] == pytest.approx(7.0 - 0.5)
+    assert rec["backward"] == pytest.approx(10.0 - 7.0)  # 11 - 1, less the 7 s of the phases inside it
+    assert rec["backward"] + rec["exchange_values"] + rec["wait"] == pytest.approx(10.0)
+
+
 def test_slowest_step_over_ranks_matches_the_gathered_reference():
     from conftest import SelfComm
 

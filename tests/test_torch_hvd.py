@@ -86,12 +86,50 @@ def test_bad_arguments_are_named():
         _setup(op="max")
     with pytest.raises(ValueError, match="backward_passes_per_step is 0"):
         _setup(backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="scaler is float; allowed: a torch.amp.GradScaler or None"):
+        _setup(scaler=1.0)
+    w = torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="parameter 'w' is torch.complex64; allowed: floating-point"):
+        hvd.DistributedOptimizer(torch.optim.SGD([w], lr=0.1), named_parameters=[("w", w)], comm=SelfComm())
+
+
+def test_the_exchange_ends_backward_and_a_skipped_one_leaves_nan_gradients():
+    """DDP's contract: the exchange runs in the callback queued at the end of backward; a non-finite step
+    leaves NaN in every .grad (so a GradScaler skips it too) and step() returns False without stepping."""
+    model, _, dist = _setup()
+    calls = []
+    step_of = dist.scheme.step
+    dist.scheme.step = lambda *a, **k: calls.append(1) or step_of(*a, **k)
+    dist.zero_grad()
+    _backward(model)
+    assert calls == [1] and dist._synchronized  # exchanged before backward() returned
+    assert dist.step() is True and calls == [1]  # step() only applies
+    before = model.weight.detach().clone()
+    dist.zero_grad()
+    (model(torch.ones(3, 4)).sum() * float("inf")).backward()
+    assert all(torch.isnan(p.grad).all() for p in model.parameters())
+    assert dist.step() is False and dist.skipped_steps == 1 and torch.equal(before, model.weight)
+    dist.close()
+    dist.zero_grad()
+    _backward(model)  # hooks removed: no exchange, so step() does it (the path of join() and of hand-set grads)
+    assert calls == [1] and not dist._synchronized  # (the skipped step never reached the scheme)
+    assert dist.step() is True and calls == [1, 1]
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(200)
 def test_sum_average_accumulation_and_join_on_two_ranks():
     rank_case("torch_hvd", 2, family=TORCH_CASES)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ddp_contract_amp_loop_clipping_and_16_bit_parameters(ranks):
+    """tests/mpi/check_torch_amp.py: .grad holds the aggregate when backward() returns; GradScaler's loop with
+    one rank overflowing skips on every rank; clipping clips the aggregate; error feedback in unscaled units
+    (bit for bit against an unscaled run); bfloat16 and float16 parameters."""
+    rank_case("torch_amp", ranks, family=TORCH_CASES)
 
 
 def test_overlap_plan_and_refusals():

@@ -48,6 +48,7 @@ class PhaseTimer:
         self.totals: dict[str, float] = {}
         self._current: dict[str, float] | None = None
         self._open: list[str] = []  # the phases open now, innermost last
+        self._nested: list[float] = []  # per open phase, the seconds of the phases closed inside it
         #: with ``trace``: ``(name, start, end, step)`` of every timed step and phase, in seconds since
         #: the epoch (wall clock at the timer's creation plus the performance counter since), for
         #: :mod:`mpisparse.results.trace`
@@ -72,16 +73,22 @@ class PhaseTimer:
 
     @contextmanager
     def _phase(self, name: str) -> Iterator[None]:
+        """A phase's time excludes the phases nested in it (each counts once, in the innermost): the
+        library's exchange runs at the end of ``backward()``, inside a caller's ``backward`` phase."""
         t0 = self._now()
         self._open.append(name)
+        self._nested.append(0.0)
         try:
             yield
         finally:
             self._open.pop()
+            inner = self._nested.pop()
             cur = self._current
             if cur is not None:
                 t1 = self._now()
-                cur[name] = cur.get(name, 0.0) + t1 - t0
+                cur[name] = cur.get(name, 0.0) + (t1 - t0) - inner
+                if self._nested:
+                    self._nested[-1] += t1 - t0
                 if self.spans is not None:
                     self.spans.append((name, t0, t1, self.steps))
 

@@ -11,12 +11,25 @@
         opt.step()
 
 At construction rank 0's parameters (and floating-point buffers) are
-broadcast to every rank.  Each :meth:`DistributedOptimizer.step` copies the
+broadcast to every rank.  DDP's gradient contract: when ``backward()``
+returns, ``.grad`` holds the aggregate.  A hook on every parameter queues a
+callback at the end of backward (as DDP's reducer does) that copies the
 gradients into the fusion buffer, checks them for NaN/Inf on every rank (any
 non-finite value anywhere skips the step on all ranks, counted in
-``skipped_steps``; parameters stay unchanged), exchanges them with the
-scheme, writes the aggregated mean update back into ``.grad`` and steps the
-wrapped optimizer.  An exchanged update that is not finite (finite
+``skipped_steps``: every ``.grad`` is then NaN on every rank, so a
+``GradScaler`` skips and backs off alike everywhere, and the parameters stay
+unchanged), exchanges them with the scheme and writes the aggregated mean
+update back into ``.grad``; so ``clip_grad_norm_``, ``scaler.step(opt)`` and
+any code between ``backward()`` and :meth:`DistributedOptimizer.step` see
+the aggregate, and ``step()`` only applies it with the wrapped optimizer
+(where no backward ran, e.g. :func:`join` or gradients set by hand, ``step()``
+exchanges first).  ``scaler=`` (a ``torch.amp.GradScaler``): the gradients are
+divided by its scale before the exchange and multiplied back after, so the
+scheme's error feedback stays in unscaled units when the scale changes
+(exact for the scaler's powers of two).  Parameters may be float32,
+bfloat16, float16 or float64: the fusion buffer is float32 (gradients
+widened into it), the aggregate written back in each parameter's dtype.
+An exchanged update that is not finite (finite
 gradients can overflow in the sum) is skipped and counted the same way,
 agreed by the same 4-byte Allreduce; a step of the optimizer that leaves
 a parameter non-finite is undone (the parameters are restored from a copy
@@ -85,6 +98,11 @@ def _launched_size() -> int:
     return 1
 
 
+#: the parameter dtypes the library takes: gathered into the float32 fusion buffer (widened), the update
+#: written back in the parameter's own dtype
+_GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
@@ -99,7 +117,7 @@ class _DistributedMixin:
 
     def _setup(self, optimizer, named, model, scheme, density, comm, timer, memory, seed, broadcast,
                compression, backward_passes_per_step, op, gradient_predivide_factor, scheme_options,
-               overlap=False, bucket_cap_mb=25.0):
+               overlap=False, bucket_cap_mb=25.0, scaler=None):
         self.optimizer = optimizer
         self.model = model
         self.comm = comm if comm is not None else _default_comm()
@@ -113,6 +131,14 @@ class _DistributedMixin:
         if not gradient_predivide_factor > 0:
             raise ValueError(f"gradient_predivide_factor is {gradient_predivide_factor}; allowed: > 0")
         self.params = [p for _, p in named]
+        bad = [(n, p.dtype) for n, p in named if p.dtype not in _GRAD_DTYPES]
+        if bad:
+            raise ValueError(f"parameter {bad[0][0]!r} is {bad[0][1]}; allowed: floating-point parameters of "
+                             "dtype float32, bfloat16, float16 or float64")
+        if scaler is not None and not (hasattr(scaler, "get_scale") and hasattr(scaler, "is_enabled")):
+            raise ValueError(f"scaler is {type(scaler).__name__}; allowed: a torch.amp.GradScaler or None")
+        #: the loss scaler whose scale divides the gradients before the exchange (scheme state in unscaled units)
+        self.scaler = scaler
         self.layout = FusionLayout([(n, tuple(p.shape)) for n, p in named])
         self.compression = compression
         scheme_options = _wire_options(scheme, compression, scheme_options)
@@ -140,8 +166,12 @@ class _DistributedMixin:
         self.snapshots = 0
         self._param_amax = float("inf")  # largest |parameter| after the last step (inf: unknown)
         self._synchronized = False
+        self._sync_ok = False
         self._skip_sync = False
         self._passes = 0
+        self._backward_seen = False  # a backward pass ended since the last step()
+        self._queued = False  # the end-of-backward callback is queued for the running backward pass
+        self._loss_scale = None  # the scaler's scale for the pass being exchanged (read once per pass)
         #: the bucket-wise exchange started from gradient hooks (None without overlap)
         self.overlap = None
         if overlap is None:  # the default: overlap where the scheme (and the communicator) allow
@@ -155,6 +185,16 @@ class _DistributedMixin:
                                           scheme_options=scheme_options, bucket_cap_mb=bucket_cap_mb)
         # every scheme's compiled loops loaded now (the buckets' too), LLVM's code pages unmapped after
         settle(self.scheme, *(b.scheme for b in self.overlap.buckets) if self.overlap else ())
+        # DDP's contract: a hook per parameter queues the exchange at the end of backward (weakly held: a
+        # dropped optimizer exchanges nothing)
+        ref = weakref.ref(self)
+
+        def hook(param, ref=ref):
+            owner = ref()
+            if owner is not None:
+                owner._on_grad(param)
+
+        self._hooks = [p.register_post_accumulate_grad_hook(hook) for p in self.params]
         if broadcast:
             self.broadcast_parameters()
 
@@ -172,6 +212,44 @@ class _DistributedMixin:
                 self.comm.bcast(backend.as_array(arr), root)
                 b.copy_(arr.view_as(b))
 
+    # ------------------------------------------------------- end of backward
+    def _on_grad(self, param) -> None:
+        """A parameter's gradient is accumulated: queue the exchange for the end of this backward pass
+        (once a pass, as DDP's reducer does) and, with overlap, count the parameter into its bucket."""
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        if self.overlap is not None:
+            self.overlap.on_grad(param)
+
+    def _end_of_backward(self) -> None:
+        """Run when backward is done: the N-th pass of ``backward_passes_per_step`` exchanges now, so that
+        ``.grad`` holds the aggregate when ``backward()`` returns (the earlier passes accumulate locally)."""
+        self._queued = False
+        self._backward_seen = True
+        self._passes += 1
+        if self._passes < self.backward_passes_per_step:
+            return
+        self._passes = 0
+        self._synchronized = False  # a new exchange: an earlier one that was never stepped is stale
+        self.synchronize()
+
+    def close(self) -> None:
+        """Remove the gradient hooks (and stop the overlap's thread): this optimizer exchanges no more."""
+        for h in getattr(self, "_hooks", ()):
+            h.remove()
+        self._hooks = []
+        if self.overlap is not None:
+            self.overlap.close()
+
+    def _scale(self) -> float:
+        """The loss scale of the pass being exchanged (1.0 without a scaler or with a disabled one): one host
+        read per pass."""
+        if self._loss_scale is None:
+            self._loss_scale = float(self.scaler.get_scale()) if self.scaler is not None and \
+                self.scaler.is_enabled() else 1.0
+        return self._loss_scale
+
     # -------------------------------------------------------------- step
     def _write_back(self, out) -> None:
         """The scheme's output as ``.grad``, without a copy when it is the fusion buffer (always, but for a
@@ -180,7 +258,7 @@ class _DistributedMixin:
         accumulates into the view after ``zero_grad(set_to_none=False)``, which the gather then need not
         copy). Op Sum and a predivide factor scale the buffer in place first (one pass, only then)."""
         flat = backend.to_torch(out)
-        scale = (self.comm.size if self.op == "sum" else 1) * self.gradient_predivide_factor
+        scale = (self.comm.size if self.op == "sum" else 1) * self.gradient_predivide_factor * self._scale()
         ours = flat.data_ptr() == self._flat.data_ptr() and flat.numel() == self._flat.numel()
         if ours and scale != 1.0:
             self._flat.mul_(scale)
@@ -198,10 +276,13 @@ class _DistributedMixin:
                 torch.mul(src, scale, out=p.grad)
 
     def _prepare(self, flat: torch.Tensor) -> None:
-        """Predivide a part of the fusion buffer in place, before the exchange (fp16 compression is the
-        scheme's wire dtype: the scheme rounds what it sends, :func:`_wire_options`)."""
-        if self.gradient_predivide_factor != 1.0:
-            flat.div_(self.gradient_predivide_factor)
+        """Predivide a part of the fusion buffer in place, before the exchange, by the predivide factor and
+        the loss scale (the scheme then sees, and keeps its error feedback in, unscaled units; a power-of-two
+        scale divides and multiplies back exactly). fp16 compression is the scheme's wire dtype: the
+        scheme rounds what it sends, :func:`_wire_options`."""
+        div = self.gradient_predivide_factor * self._scale()
+        if div != 1.0:
+            flat.div_(div)
 
     def _gather_grads(self) -> None:
         """Copy ``.grad`` into the fusion buffer (torch ops on the device) and flag a non-finite value.
@@ -231,10 +312,21 @@ class _DistributedMixin:
     def synchronize(self) -> bool:
         """Exchange the gradients now and write the aggregate into ``.grad`` (Horovod's ``synchronize``).
 
-        Returns False (and zeroes the gradients, counting a skipped step)
-        when a rank's gradient or the exchanged update is not finite.
+        The exchange normally runs by itself at the end of ``backward()``
+        (DDP's contract); then this returns at once.  Returns False (the
+        gradients set to NaN on every rank, so that a ``GradScaler`` and any
+        check see a non-finite step alike; a skipped step counted) when a
+        rank's gradient or the exchanged update is not finite.
         """
+        if self._synchronized:
+            return self._sync_ok
         self._synchronized = True
+        try:
+            return self._synchronize()
+        finally:
+            self._loss_scale = None
+
+    def _synchronize(self) -> bool:
         if self.overlap is not None:
             return self._synchronize_overlapped()
         with self.timer.phase("compensate"):
@@ -273,8 +365,13 @@ class _DistributedMixin:
         return True
 
     def _skip(self) -> bool:
+        """A step every rank skips: the aggregate is not finite, and ``.grad`` says so (NaN) on every rank."""
         self.skipped_steps += 1
-        self.optimizer.zero_grad(set_to_none=False)
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.full_like(p, float("nan"))
+            else:
+                p.grad.fill_(float("nan"))
         self._sync_ok = False
         return False
 
@@ -298,16 +395,21 @@ class _DistributedMixin:
         if closure is not None:
             with torch.enable_grad():
                 closure()
-        if not (self._skip_sync or self._synchronized):
+        if not self._synchronized:
+            if self._skip_sync:
+                raise RuntimeError("step() inside skip_synchronize() needs synchronize() first")
+            if self._backward_seen:  # a pass of backward_passes_per_step that accumulates locally
+                self._backward_seen = False
+                return False
+            # no backward since the last step (join(), or gradients set by hand): count the pass here
             self._passes += 1
             if self._passes < self.backward_passes_per_step:
                 return False
             self._passes = 0
             self.synchronize()
-        elif not self._synchronized:
-            raise RuntimeError("step() inside skip_synchronize() needs synchronize() first")
+        self._backward_seen = False
         self._synchronized = False
-        if not getattr(self, "_sync_ok", False):
+        if not self._sync_ok:
             return False
         self._sync_ok = False
         with self.timer.phase("update"):
@@ -453,7 +555,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
                          gradient_predivide_factor: float = 1.0, scheme: str = "dense", density: float = 1.0, *,
                          comm: Communicator | None = None, timer: PhaseTimer | None = None, memory: bool = True,
                          seed: int = 0, broadcast: bool | None = None, model: torch.nn.Module | None = None,
-                         overlap: bool | None = None, bucket_cap_mb: float = 25.0, **scheme_options: Any):
+                         overlap: bool | None = None, bucket_cap_mb: float = 25.0, scaler=None,
+                         **scheme_options: Any):
     """``optimizer`` made distributed: an instance of a subclass of its own class (Horovod's signature).
 
     named_parameters: ``model.named_parameters()`` (None: all of the
@@ -503,7 +606,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     dist.__dict__.update(optimizer.__dict__)  # the same param_groups, state and defaults objects
     dist._setup(optimizer, named, model, scheme, density, comm, timer, memory, seed,
                 bool(model is not None) if broadcast is None else broadcast, compression,
-                backward_passes_per_step, op, gradient_predivide_factor, scheme_options, overlap, bucket_cap_mb)
+                backward_passes_per_step, op, gradient_predivide_factor, scheme_options, overlap, bucket_cap_mb,
+                scaler)
     global _last_created
     _last_created = weakref.ref(dist)
     return dist

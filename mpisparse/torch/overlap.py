@@ -8,9 +8,10 @@ parameters of each bucket; when a bucket's gradients are all accumulated,
 the hook copies them into the bucket's part of the fusion buffer and hands
 the bucket to one communication thread, which runs the bucket's own
 instance of the scheme (selection and exchange) while backward goes on.
-:meth:`BucketExchange.finish` (called by ``synchronize``) starts any bucket
-whose hooks did not fire (a parameter without a gradient counts as zeros)
-and waits for the thread.
+:meth:`BucketExchange.finish` (called by ``synchronize``, which the
+optimizer runs at the end of backward) starts any bucket whose hooks did
+not fire (a parameter without a gradient counts as zeros) and waits for
+the thread.
 
 Rules that keep the ranks in step:
 
@@ -178,7 +179,6 @@ class BucketExchange:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpisparse-exchange")
         self._next = 0
         self.started_in_backward = 0  # buckets handed over from a hook (overlapped), for tests and reports
-        self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in owner.params]
         self._reset()
 
     # ------------------------------------------------------------------ hooks
@@ -195,7 +195,9 @@ class BucketExchange:
         o = self.owner
         return o._passes == o.backward_passes_per_step - 1 and o._active
 
-    def _hook(self, param: torch.Tensor) -> None:
+    def on_grad(self, param: torch.Tensor) -> None:
+        """``param``'s gradient is accumulated (the optimizer's gradient hook): count it into its bucket and
+        hand every bucket that is complete to the thread, in bucket order."""
         if not self._armed():
             return
         bucket = self._bucket_of[id(param)]
@@ -247,8 +249,7 @@ class BucketExchange:
         return finite, out
 
     def close(self) -> None:
-        for h in self._handles:
-            h.remove()
+        """Stop the thread (the gradient hooks are the optimizer's: :meth:`DistributedOptimizer.close`)."""
         self._executor.shutdown(wait=True)
 
     @property

@@ -65,6 +65,6 @@ for scheme, on in (("dense", W > 1), ("topk", False)):
                                    named_parameters=model.named_parameters())
     assert (opt.overlap is not None) == on, (scheme, opt.overlap)
     if opt.overlap is not None:
-        opt.overlap.close()
+        opt.close()
 if R == 0:
     print(f"torch_hvd OK on {W} ranks", flush=True)
