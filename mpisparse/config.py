@@ -21,14 +21,19 @@ from typing import Any, Sequence
 
 from .registry import SchemeBase, scheme_class, validate_density
 
-__all__ = ["BenchConfig", "CLI_ONLY_OPTIONS", "ConfigMismatch", "DATASETS", "MPConfig", "OPTION_FIELDS",
-           "PER_RANK_FIELDS", "RESUME_FREE_FIELDS", "TRAIN_MODELS", "TrainConfig", "check_agreement",
-           "config_differences", "flat_fields"]
+__all__ = ["BenchConfig", "CLI_ONLY_OPTIONS", "ConfigMismatch", "DATASETS", "LM_DATASETS", "LM_MODELS", "MPConfig",
+           "OPTION_FIELDS", "PER_RANK_FIELDS", "RESUME_FREE_FIELDS", "TRAIN_MODELS", "TrainConfig", "check_agreement",
+           "config_differences", "default_data", "flat_fields"]
 
 #: the networks ``train`` builds (:data:`mpisparse.models.nets.NETS`) and the datasets it reads
 #: (:data:`mpisparse.data.DATASETS`), named here so that checking a configuration needs no torch
-TRAIN_MODELS = ("mlp", "cnn", "resnet18", "lstm", "dlrm")
-DATASETS = ("digits", "synthetic", "cifar10", "text")
+TRAIN_MODELS = ("mlp", "cnn", "resnet18", "lstm", "gpt", "dlrm")
+DATASETS = ("digits", "synthetic", "cifar10", "text", "pydoc")
+#: the language models and the token-stream datasets they train on (the others: classifiers and their data)
+LM_MODELS = ("lstm", "gpt")
+LM_DATASETS = ("text", "pydoc")
+#: ``--gpt-*``: the size of the ``gpt`` model, and its defaults (a tiny model that trains in seconds on a CPU)
+GPT_SIZE_DEFAULTS = {"gpt_layers": 2, "gpt_width": 64, "gpt_heads": 4, "gpt_context": 64}
 #: where a data-parallel step runs (``--device``): host memory, or each rank's GPU
 DEVICES = ("cpu", "cuda")
 
@@ -46,6 +51,12 @@ def _number(name: str, value: Any, low: float, high: float = math.inf, *, low_op
     if not ok:
         rng = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open or high == math.inf else ']'}"
         raise ValueError(f"{name} is {value!r}; allowed range is {rng}")
+
+
+def default_data(model: str) -> str:
+    """The dataset ``--model`` trains on when ``--data`` is not given: the bundled CPython prose (``pydoc``)
+    for a language model, the bundled digits for a classifier; neither needs a download."""
+    return "pydoc" if model in LM_MODELS else "digits"
 
 
 def _choice(name: str, value: Any, allowed: Sequence[str]) -> None:
@@ -102,6 +113,18 @@ def _world(cls: type[SchemeBase], world: int | None) -> None:
         raise ValueError(f"scheme {cls.name!r} needs at least {cls.min_world_size} ranks; -n is {world}")
 
 
+def _gpt_size(cfg: Any) -> None:
+    """``--gpt-*``: every size >= 1, the width a multiple of the heads, and only with ``--model gpt``."""
+    for name in GPT_SIZE_DEFAULTS:
+        _int("--" + name.replace("_", "-"), getattr(cfg, name), 1)
+    if cfg.gpt_width % cfg.gpt_heads:
+        raise ValueError(f"--gpt-width {cfg.gpt_width} is not divisible by --gpt-heads {cfg.gpt_heads}; allowed: a "
+                         "width that is a multiple of the number of heads")
+    changed = [n for n, v in GPT_SIZE_DEFAULTS.items() if getattr(cfg, n) != v]
+    if changed and cfg.model != "gpt":
+        raise ValueError(f"--{changed[0].replace('_', '-')} sets the size of --model gpt; --model is {cfg.model!r}")
+
+
 @dataclass
 class MPConfig:
     """``--mp-stages``, ``--split-after``, ``--micro-batches`` and the data-parallel scheme inside stages.
@@ -136,7 +159,8 @@ class TrainConfig:
     """One training run of one scheme (``mpisparse train``)."""
 
     model: str = "mlp"
-    data: str = "digits"
+    #: None: the model's default (:func:`default_data`), filled in at construction
+    data: str | None = None
     data_dir: str | None = None
     scheme: str = "dense"
     density: float = 0.01
@@ -173,6 +197,23 @@ class TrainConfig:
     #: ``--overlap``: exchange bucket by bucket from gradient hooks while backward runs
     #: (``DistributedOptimizer(overlap=True)``; schemes whose math is per element or per layer)
     overlap: bool = False
+    #: ``--gpt-layers``, ``--gpt-width``, ``--gpt-heads``, ``--gpt-context``: the ``gpt`` model's size (blocks,
+    #: embedding width, attention heads, tokens per window); :data:`GPT_SIZE_DEFAULTS`
+    gpt_layers: int = GPT_SIZE_DEFAULTS["gpt_layers"]
+    gpt_width: int = GPT_SIZE_DEFAULTS["gpt_width"]
+    gpt_heads: int = GPT_SIZE_DEFAULTS["gpt_heads"]
+    gpt_context: int = GPT_SIZE_DEFAULTS["gpt_context"]
+    #: ``--steps-per-epoch``: each epoch takes at most this many of a rank's batches (0: all of its shard)
+    steps_per_epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if self.data is None:
+            self.data = default_data(self.model)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per training window of a language model: ``--gpt-context`` for gpt, ``--bptt`` for lstm."""
+        return self.gpt_context if self.model == "gpt" else self.bptt
 
     def validate(self, world: int | None = None) -> TrainConfig:
         """Check every field, then the runtime's own checks; ``world`` is the world size if known.
@@ -183,9 +224,11 @@ class TrainConfig:
         _choice("--model", self.model, TRAIN_MODELS)
         _choice("--data", self.data, DATASETS)
         _choice("--device", self.device, DEVICES)
-        if (self.model == "lstm") != (self.data == "text"):
-            raise ValueError(f"--model {self.model} does not fit --data {self.data}: the lstm model trains on "
-                             "--data text, the classifiers on digits/synthetic/cifar10")
+        if (self.model in LM_MODELS) != (self.data in LM_DATASETS):
+            raise ValueError(f"--model {self.model} does not fit --data {self.data}: the language models "
+                             f"({', '.join(LM_MODELS)}) train on --data {' or '.join(LM_DATASETS)}, the classifiers "
+                             "on digits/synthetic/cifar10")
+        _gpt_size(self)
         if self.data in ("cifar10", "text") and not self.data_dir:
             raise ValueError(f"--data {self.data} needs --data-dir DIR")
         cls = _scheme(self.scheme)
@@ -196,6 +239,7 @@ class TrainConfig:
         _number("--momentum", self.momentum, 0.0, 1.0, high_open=True)
         _number("--weight-decay", self.weight_decay, 0.0)
         _int("--bptt", self.bptt, 1)
+        _int("--steps-per-epoch", self.steps_per_epoch, 0)
         _number("--clip", self.clip, 0.0)
         _int("--seed", self.seed, -2**63)
         _bool("memory", self.memory)
@@ -221,6 +265,9 @@ class TrainConfig:
             if self.trace is not None:
                 raise ValueError("--trace applies to data-parallel training; a pipeline (--mp-stages, "
                                  "--split-after, --micro-batches, --dp-scheme) has no trace")
+            if self.steps_per_epoch:
+                raise ValueError("--steps-per-epoch applies to data-parallel and parameter-server training; a "
+                                 "pipeline (--mp-stages, --split-after, --micro-batches, --dp-scheme) takes every batch")
         _world(cls, world)
         return self
 

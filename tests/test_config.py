@@ -21,7 +21,13 @@ ONE_PROCESS_MPI = True
     ({"lr": float("nan")}, "--lr is nan; allowed range is (0, inf)"),
     ({"momentum": 1.0}, "--momentum is 1.0; allowed range is [0, 1)"),
     ({"model": "alexnet"}, "--model is 'alexnet'; allowed values are"),
-    ({"model": "lstm"}, "--model lstm does not fit --data digits"),
+    ({"model": "lstm", "data": "digits"}, "--model lstm does not fit --data digits"),
+    ({"model": "gpt", "data": "synthetic"}, "--model gpt does not fit --data synthetic: the language models"),
+    ({"model": "gpt", "gpt_width": 30}, "--gpt-width 30 is not divisible by --gpt-heads 4; allowed: a width"),
+    ({"model": "gpt", "gpt_layers": 0}, "--gpt-layers is 0; allowed range is an integer >= 1"),
+    ({"model": "gpt", "gpt_context": -1}, "--gpt-context is -1; allowed range is an integer >= 1"),
+    ({"model": "mlp", "gpt_heads": 2}, "--gpt-heads sets the size of --model gpt; --model is 'mlp'"),
+    ({"steps_per_epoch": -1}, "--steps-per-epoch is -1; allowed range is an integer >= 0"),
     ({"resume": True}, "--resume needs --checkpoint DIR"),
     ({"scheme": "nope"}, "--scheme: unknown scheme 'nope'"),
     ({"scheme": "topk", "scheme_options": {"lifespan": 3}}, "scheme 'topk' has no option --lifespan"),
@@ -34,6 +40,24 @@ def test_train_config_names_the_bad_value(kw, message):
     with pytest.raises(ValueError) as e:
         validate(TrainConfig(**kw))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_data_defaults_to_the_models_bundled_set():
+    assert TrainConfig().data == "digits" and TrainConfig(model="resnet18").data == "digits"
+    assert TrainConfig(model="gpt").data == TrainConfig(model="lstm").data == "pydoc"
+    assert TrainConfig(model="gpt", data="text").data == "text"
+    assert TrainConfig(model="gpt", gpt_context=16).seq_len == 16 and TrainConfig(model="lstm", bptt=9).seq_len == 9
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gpt-width", "30"], "--gpt-width 30 is not divisible by --gpt-heads 4"),
+    (["--gpt-layers", "0"], "Invalid value for '--gpt-layers': 0 is not in the range x>=1"),
+    (["--data", "digits"], "--model gpt does not fit --data digits"),
+])
+def test_bad_gpt_sizes_are_one_line_before_mpi(args, message):
+    r = CliRunner().invoke(cli, ["train", "--model", "gpt", *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert len([line for line in r.output.splitlines() if line.startswith("Error")]) == 1
 
 
 def test_validate_fills_the_option_defaults_and_checks_the_world():

@@ -94,9 +94,9 @@ def test_synthetic():
 
 
 def test_dataset_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown dataset 'x'; choose one of: cifar10, digits, synthetic, text"):
+    with pytest.raises(ValueError, match=r"unknown dataset 'x'; choose one of: cifar10, digits, pydoc, synthetic, text"):
         load_dataset("x")
-    assert DATASETS == {"digits", "synthetic", "cifar10", "text"}
+    assert DATASETS == {"digits", "synthetic", "cifar10", "text", "pydoc"}
     for name in ("cifar10", "text"):
         with pytest.raises(ValueError, match="--data-dir is required"):
             load_dataset(name)

@@ -15,6 +15,8 @@ EXPECTED_TOTALS = {
     # + decoder 650*33278 + 33278
     "lstm-wt2": 21_630_700 + 6_770_400 + 21_663_978,
     "bert-base": 109_482_240,
+    # wte 50257*768 + wpe 1024*768 + 12 blocks * (12*768^2 + 13*768) + ln_f 2*768 (the head is tied to wte)
+    "gpt2-small": 124_439_808,
     # embeddings (6040+3706)*(8+32) + MLP (2080+528+136) + predict 17
     "ncf": 389_840 + 2_744 + 17,
 }
@@ -60,7 +62,7 @@ def test_unknown_name():
         layer_shapes("resnet101")
     assert str(exc.value) == (
         "unknown model 'resnet101'; choose one of: "
-        "bert-base, lstm-wt2, ncf, resnet18, resnet50, vgg16"
+        "bert-base, gpt2-small, lstm-wt2, ncf, resnet18, resnet50, vgg16"
     )
     with pytest.raises(ValueError, match="unknown model"):
         num_params("nope")

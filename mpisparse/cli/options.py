@@ -19,7 +19,7 @@ from ..registry import SCHEMES, all_options, validate_density
 from ..runtimes import validate
 
 __all__ = ["SectionOption", "SectionedCommand", "check_plot", "progress_options", "trace_option", "cuda_aware_option", "density_list", "emucluster_rate",
-           "int_list", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated",
+           "gpt_size_options", "int_list", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated",
            "out_dir_or_default", "writable_dir", "writable_file"]
 
 
@@ -78,6 +78,19 @@ def step_options(f: Callable) -> Callable:
                      help="Combine within each host first; one rank per host exchanges across hosts "
                           "(docs/schemes.md#hierarchical-exchange).")(f)
     f = click.option("--no-memory", is_flag=True, help="Disable error feedback (drop what is not sent).")(f)
+    return f
+
+
+def gpt_size_options(f: Callable) -> Callable:
+    """``--gpt-layers``, ``--gpt-width``, ``--gpt-heads``, ``--gpt-context``: the size of ``--model gpt``."""
+    from ..config import GPT_SIZE_DEFAULTS
+
+    helps = {"gpt_layers": "gpt: transformer blocks.", "gpt_width": "gpt: embedding width (a multiple of --gpt-heads).",
+             "gpt_heads": "gpt: attention heads per block.",
+             "gpt_context": "gpt: tokens per window (its position table; the sequence length it trains on)."}
+    for name in reversed(list(GPT_SIZE_DEFAULTS)):
+        f = click.option("--" + name.replace("_", "-"), name, type=click.IntRange(min=1),
+                         default=GPT_SIZE_DEFAULTS[name], show_default=True, help=helps[name])(f)
     return f
 
 

@@ -20,7 +20,8 @@ from ..runtimes import check_servers, check_torchrun, schemes_of, train_runtime
 from ..train.core import NoProgress
 from . import output, session
 from .options import (progress_options, trace_option, SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
-                      pick_scheme_options, scheme_options, step_options, usage, validated, writable_dir)
+                      gpt_size_options, pick_scheme_options, scheme_options, step_options, usage, validated,
+                      writable_dir)
 from .restarts import check_restart_options, run_with_restarts
 from .session import maybe_relaunch, open_comm, open_torch_dist
 
@@ -36,9 +37,10 @@ def _split_after(text: str | None) -> list[str]:
 @click.command(cls=SectionedCommand)
 @mpi_options
 @click.option("--model", type=click.Choice(TRAIN_MODELS), default="mlp",
-              show_default=True, help="Network (lstm is a word language model for --data text).")
-@click.option("--data", type=click.Choice(DATASETS), default="digits",
-              show_default=True, help="digits ships with scikit-learn (no download); cifar10/text read --data-dir.")
+              show_default=True, help="Network (lstm and gpt are language models: --data pydoc or text).")
+@click.option("--data", type=click.Choice(DATASETS), default=None,
+              help="digits ships with scikit-learn, pydoc (CPython's reference prose, bytes) with Python: no "
+                   "download; cifar10/text read --data-dir. [default: pydoc for lstm and gpt, else digits]")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="CIFAR-10 binary batches, or a text corpus (train.txt/valid.txt/test.txt or wiki.*.tokens).")
 @click.option("--scheme", "schemes", type=click.Choice(sorted(SCHEMES)), multiple=True, default=("dense",),
@@ -46,12 +48,17 @@ def _split_after(text: str | None) -> list[str]:
 @click.option("--density", type=float, default=0.01, show_default=True,
               help="Fraction of elements sent, in (0, 1].")
 @click.option("--epochs", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--steps-per-epoch", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Each epoch takes at most this many of a rank's batches (a language model: the same first "
+                   "windows every epoch); 0: the whole shard.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True, help="Per rank.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=0.1, show_default=True)
 @click.option("--momentum", type=click.FloatRange(0, 1, max_open=True), default=0.9, show_default=True,
               help="SGD momentum, applied to the aggregated update (DGC applies it itself).")
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0, show_default=True)
-@click.option("--bptt", type=click.IntRange(min=1), default=35, show_default=True, help="LM sequence length.")
+@click.option("--bptt", type=click.IntRange(min=1), default=35, show_default=True,
+              help="The lstm's sequence length (gpt's is --gpt-context).")
+@gpt_size_options
 @click.option("--clip", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Clip the local gradient norm before exchange (0: off).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -101,7 +108,8 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
           weight_decay, bptt, clip, seed, device, no_memory, check_collectives, diagnostics, json_path, csv_path, plot_path,
           checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
           cuda_aware=None, hierarchical=False, trace=None, progress_interval=10.0, no_progress=False,
-          launcher="auto", overlap=False, max_restarts=0, min_ranks=None, **scheme_opts) -> None:
+          launcher="auto", overlap=False, max_restarts=0, min_ranks=None, gpt_layers=2, gpt_width=64, gpt_heads=4,
+          gpt_context=64, steps_per_epoch=0, **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
     With --mp-stages S the model is split into S pipeline stages; --scheme
@@ -130,8 +138,11 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           diagnostics=diagnostics, servers=servers, mp=mp_cfg,
                           check_collectives=check_collectives, hierarchical=hierarchical, cuda_aware=cuda_aware,
                           max_skipped_steps=max_skipped_steps, device=device, overlap=overlap,
-                          trace=trace_path(trace, s, len(schemes) > 1))
+                          trace=trace_path(trace, s, len(schemes) > 1), gpt_layers=gpt_layers, gpt_width=gpt_width,
+                          gpt_heads=gpt_heads, gpt_context=gpt_context,
+                          steps_per_epoch=steps_per_epoch)
         cfgs.append(validated(cfg, nprocs))
+    data = cfgs[0].data  # --data, or the model's default
     _check_data_dir(data, data_dir)
     usage(check_device_usable, device, need_torch=True)
     if not (resume or overwrite_checkpoint):

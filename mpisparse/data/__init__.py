@@ -10,6 +10,9 @@ Everything is held in memory as torch tensors (pure torch/numpy, no MPI):
 * ``text`` -- a word-level language-modelling corpus (plain ``train.txt`` /
   ``valid.txt`` / ``test.txt`` or WikiText-2's ``wiki.*.tokens``) read from
   ``--data-dir``.
+* ``pydoc`` -- the English reference prose that ships inside CPython
+  (``pydoc_data.topics``, about 465 KB), as a stream of UTF-8 bytes; the last
+  10% held out (no download).
 
 Sharding: :func:`shard_indices` gives each rank a disjoint slice of one
 permutation that every rank computes identically from ``(seed, epoch)``;
@@ -29,10 +32,12 @@ import torch
 
 __all__ = [
     "DATASETS", "Dataset", "load_dataset", "shard_indices", "iterate_batches", "lm_batches",
-    "read_cifar_batch", "CIFAR_TRAIN_FILES", "CIFAR_TEST_FILE", "EOS", "UNK",
+    "read_cifar_batch", "CIFAR_TRAIN_FILES", "CIFAR_TEST_FILE", "EOS", "UNK", "LM_DATASETS", "load_pydoc",
 ]
 
-DATASETS = {"digits", "synthetic", "cifar10", "text"}
+DATASETS = {"digits", "synthetic", "cifar10", "text", "pydoc"}
+#: the token-stream datasets (``kind == "lm"``): what the language models train on
+LM_DATASETS = {"text", "pydoc"}
 
 EOS = "<eos>"
 UNK = "<unk>"
@@ -57,7 +62,7 @@ class Dataset:
     For ``kind == "lm"`` the ``*_x`` tensors are 1-D int64 token streams, the
     ``*_y`` tensors are ``None`` (targets come from :func:`lm_batches`),
     ``num_classes`` is the vocabulary size, ``input_shape`` is ``()`` and
-    ``vocab`` lists the words by index.
+    ``vocab`` lists the words by index (None for the byte-level ``pydoc``).
     """
 
     name: str
@@ -105,6 +110,8 @@ def load_dataset(name: str, *, data_dir: str | None = None, seed: int = 0, image
         return load_synthetic(seed=seed, image=image, **kw)
     if name == "cifar10":
         return load_cifar10(data_dir, **kw)
+    if name == "pydoc":
+        return load_pydoc(**kw)
     return load_text(data_dir, **kw)
 
 
@@ -370,6 +377,35 @@ def load_text(data_dir: str) -> Dataset:
         valid_x=encode(_read_words(valid_p)) if valid_p else None,
         num_classes=len(vocab), input_shape=(), vocab=vocab,
         meta={"word2idx": word2idx, "files": (train_p, valid_p, test_p)},
+    )
+
+
+def load_pydoc(*, held_out: float = 0.1) -> Dataset:
+    """CPython's own reference prose, byte-level: no download, no tokenizer.
+
+    ``pydoc_data.topics.topics`` (the text ``help()`` shows for statements,
+    operators and types; about 465 KB in Python 3.11, and a little different in
+    each Python version) joined in sorted topic order, one blank line between
+    topics, encoded as UTF-8: every byte is a token (vocabulary 256, the same
+    for every Python).  The last ``held_out`` of the bytes is the held-out
+    (``test``) stream, the rest the training stream; no ``valid`` split.
+    ``meta`` holds the Python version the text came from and the byte counts.
+    """
+    import platform
+
+    from pydoc_data.topics import topics
+
+    if not 0.0 < held_out < 1.0:
+        raise ValueError(f"held_out must be in (0, 1), got {held_out}")
+    raw = "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8")
+    stream = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).astype(np.int64))
+    cut = len(raw) - int(round(held_out * len(raw)))
+    return Dataset(
+        name="pydoc", kind="lm",
+        train_x=stream[:cut], train_y=None, test_x=stream[cut:], test_y=None,
+        num_classes=256, input_shape=(), vocab=None,
+        meta={"python": platform.python_version(), "bytes": len(raw), "train_bytes": cut,
+              "held_out_bytes": len(raw) - cut, "topics": len(topics)},
     )
 
 

@@ -19,6 +19,14 @@
 * ``lstm`` -- word language model: Embedding(vocab, 200) -> 2-layer LSTM
   (200 units) -> Linear(200, vocab); ``forward(x, hidden=None)`` returns
   ``(logits (bptt, batch, vocab), hidden)``.  ``num_classes`` is the vocabulary size.
+* ``gpt`` -- decoder-only transformer language model in GPT-2's layout (token and
+  position embeddings, pre-norm blocks of causal self-attention and a GELU MLP, a
+  head tied to the token embedding), :mod:`mpisparse.models.gpt`; ``context``,
+  ``width``, ``layers``, ``heads`` set its size (default 64, 64, 2, 4); the same
+  ``forward(x, hidden=None) -> (logits, None)`` as ``lstm``.
+
+:func:`bench_net` builds any of them with one random batch, for the step-timing
+benchmarks (``bench overlap``, ``advise-steps``).
 
 All initialisation goes through torch's global generator, so a model is
 reproducible given ``torch.manual_seed``.
@@ -32,13 +40,14 @@ import torch
 from torch import nn
 
 from .dlrm import DLRM
+from .gpt import GPT
 
-__all__ = ["NETS", "build_model", "needs_image", "is_lm", "MLP", "SmallCNN", "ResNet18",
-           "BasicBlock", "LSTMLM", "DLRM", "detach_hidden"]
+__all__ = ["NETS", "build_model", "bench_net", "needs_image", "is_lm", "MLP", "SmallCNN", "ResNet18",
+           "BasicBlock", "LSTMLM", "GPT", "DLRM", "FlatLM", "detach_hidden"]
 
-NETS = {"mlp", "cnn", "resnet18", "lstm", "dlrm"}
+NETS = {"mlp", "cnn", "resnet18", "lstm", "gpt", "dlrm"}
 _IMAGE_NETS = {"cnn", "resnet18"}
-_LM_NETS = {"lstm"}
+_LM_NETS = {"lstm", "gpt"}
 
 
 def _check(name: str) -> None:
@@ -190,20 +199,21 @@ def build_model(name: str, *, input_shape: tuple, num_classes: int, **kw) -> nn.
     """Build model ``name`` for samples of ``input_shape`` and ``num_classes`` outputs.
 
     Keywords: ``mlp``: ``hidden=128``; ``dlrm``: ``bottom``, ``top``; ``lstm``: ``emb=200``, ``hidden=200``,
-    ``layers=2``, ``dropout=0.0``; ``cnn`` and ``resnet18`` take none.
-    Image models need ``input_shape == (C, H, W)``; ``lstm`` needs
-    ``input_shape == ()`` (a token stream) and takes ``num_classes`` as the
-    vocabulary size.
+    ``layers=2``, ``dropout=0.0``; ``gpt``: ``context=64``, ``width=64``, ``layers=2``, ``heads=4``;
+    ``cnn`` and ``resnet18`` take none.
+    Image models need ``input_shape == (C, H, W)``; the language models
+    (``lstm``, ``gpt``) need ``input_shape == ()`` (a token stream) and take
+    ``num_classes`` as the vocabulary size.
     """
     _check(name)
     input_shape = tuple(input_shape)
     if num_classes < 1:
         raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    if name == "lstm":
+    if name in _LM_NETS:
         if input_shape != ():
-            raise ValueError(f"model 'lstm' is a language model: it needs a token-stream dataset "
+            raise ValueError(f"model {name!r} is a language model: it needs a token-stream dataset "
                              f"(input_shape ()), got input_shape {input_shape}")
-        return LSTMLM(num_classes, **kw)
+        return LSTMLM(num_classes, **kw) if name == "lstm" else GPT(num_classes, **kw)
     if input_shape == ():
         raise ValueError(f"model {name!r} is a classifier: it cannot take a token-stream dataset")
     if name == "mlp":
@@ -218,3 +228,41 @@ def build_model(name: str, *, input_shape: tuple, num_classes: int, **kw) -> nn.
     if name == "cnn":
         return SmallCNN(input_shape[0], num_classes)
     return ResNet18(input_shape[0], num_classes)
+
+
+# --------------------------------------------------------------------------- benchmark nets
+
+class FlatLM(nn.Module):
+    """A language model seen as a classifier of tokens: ``forward(x)`` returns the logits flattened to
+    ``(T * batch, vocab)``, so that ``cross_entropy(net(x), y.reshape(-1))`` is its loss."""
+
+    def __init__(self, lm: nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, x):
+        out, _ = self.lm(x)
+        return out.reshape(-1, out.shape[-1])
+
+
+def bench_net(name: str, batch: int, *, generator: torch.Generator, input_shape: tuple = (3, 32, 32),
+              num_classes: int = 10, vocab: int = 256, seq_len: int = 64) -> tuple[nn.Module, torch.Tensor,
+                                                                                   torch.Tensor]:
+    """Net ``name`` and one random batch ``(net, x, y)`` for the step-timing benchmarks: the loss of a step is
+    ``cross_entropy(net(x), y)`` for every model.
+
+    Classifiers take ``batch`` samples of ``input_shape`` (normal) with labels in ``[0, num_classes)``;
+    the language models (``lstm``, ``gpt`` at their default sizes, ``vocab`` tokens: 256, the byte
+    vocabulary of the ``pydoc`` text) take ``batch`` windows of ``seq_len`` random tokens, each target the
+    next token, wrapped in :class:`FlatLM`.  The net's parameters come from torch's global generator (seed
+    it first), the batch from ``generator``.
+    """
+    _check(name)
+    if name in _LM_NETS:
+        net = FlatLM(build_model(name, input_shape=(), num_classes=vocab))
+        stream = torch.randint(0, vocab, (seq_len + 1, batch), generator=generator)
+        return net, stream[:-1], stream[1:].reshape(-1)
+    net = build_model(name, input_shape=input_shape, num_classes=num_classes)
+    x = torch.randn(batch, *input_shape, generator=generator)
+    y = torch.randint(0, num_classes, (batch,), generator=generator)
+    return net, x, y

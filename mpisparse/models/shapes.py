@@ -28,6 +28,16 @@ usual PyTorch implementations:
   uncased base encoder (vocabulary 30,522, hidden 768, 12 layers, 12 heads,
   intermediate 3072, 512 positions, 2 token types) with the pooler and
   HuggingFace-style names.  109,482,240 parameters.
+* ``gpt2-small`` -- Radford, Wu, Child, Luan, Amodei, Sutskever, "Language
+  Models are Unsupervised Multitask Learners" (2019); the smallest GPT-2
+  (vocabulary 50,257, 1,024 positions, width 768, 12 layers, 12 heads, MLP
+  3072, output head tied to the token embedding), its tensors named and
+  shaped as the reference GPT2Model lists them: ``wte``, ``wpe``, per block
+  ``ln_1``, ``attn.c_attn`` (query, key and value fused), ``attn.c_proj``,
+  ``ln_2``, ``mlp.c_fc``, ``mlp.c_proj``, then ``ln_f``; its projections are
+  Conv1D layers, whose weights are stored ``(in, out)`` (the transpose of
+  ``nn.Linear``'s).  The trainable ``gpt`` of :mod:`mpisparse.models.gpt` has
+  the same names.  124,439,808 parameters.
 * ``ncf`` -- He, Liao, Zhang, Nie, Hu, Chua, "Neural Collaborative
   Filtering", WWW 2017; NeuMF on MovieLens-1M (6,040 users, 3,706 items),
   GMF embeddings of size 8, MLP embeddings of size 32 per tower (MLP input
@@ -214,6 +224,30 @@ def bert_base(vocab: int = 30522, hidden: int = 768, num_layers: int = 12,
 
 
 # ---------------------------------------------------------------------------
+# GPT-2 (Radford et al. 2019)
+# ---------------------------------------------------------------------------
+
+def _conv1d(prefix: str, n_in: int, n_out: int) -> Layers:
+    """GPT-2's ``Conv1D(n_out, n_in)``: weight (n_in, n_out), bias (n_out,)."""
+    return [(_name(prefix, "weight"), (n_in, n_out)), (_name(prefix, "bias"), (n_out,))]
+
+
+def gpt2(vocab: int = 50257, context: int = 1024, width: int = 768, num_layers: int = 12,
+         num_heads: int = 12) -> Layers:
+    if width % num_heads:
+        raise ValueError("width must be divisible by the number of heads")
+    # The heads split the width; they add no parameters.  The output head is wte (tied): no tensor of its own.
+    out = _embedding("wte", vocab, width) + _embedding("wpe", context, width)
+    for i in range(num_layers):
+        block = f"h.{i}"
+        out += _norm(f"{block}.ln_1", width)
+        out += _conv1d(f"{block}.attn.c_attn", width, 3 * width) + _conv1d(f"{block}.attn.c_proj", width, width)
+        out += _norm(f"{block}.ln_2", width)
+        out += _conv1d(f"{block}.mlp.c_fc", width, 4 * width) + _conv1d(f"{block}.mlp.c_proj", 4 * width, width)
+    return out + _norm("ln_f", width)
+
+
+# ---------------------------------------------------------------------------
 # NeuMF (He et al. 2017)
 # ---------------------------------------------------------------------------
 
@@ -240,6 +274,7 @@ MODELS: dict[str, Callable[[], Layers]] = {
     "vgg16": vgg16,
     "lstm-wt2": lstm_wt2,
     "bert-base": bert_base,
+    "gpt2-small": gpt2,
     "ncf": ncf,
 }
 

@@ -182,7 +182,7 @@ class WorkerStep(ModelStep):
         if k != 0:
             self.test_batches = []
         elif lm:
-            self.test_batches = lm_batches(ds.test_x, cfg.batch_size, cfg.bptt)
+            self.test_batches = lm_batches(ds.test_x, cfg.batch_size, cfg.seq_len)
         else:
             self.test_batches = list(iterate_batches(ds.test_x, ds.test_y, np.arange(len(ds.test_y)), 512))
         self.epoch_losses: list[float] = []

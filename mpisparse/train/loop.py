@@ -85,9 +85,11 @@ def seeded_setup(cfg: TrainConfig):
     lm = is_lm(cfg.model)
     ds = load_dataset(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, image=needs_image(cfg.model))
     if lm != (ds.kind == "lm"):
-        raise ValueError(f"model {cfg.model!r} does not fit data {cfg.data!r}: the lstm model needs "
-                         "--data text, the classifiers need image or vector data")
-    model = build_model(cfg.model, input_shape=ds.input_shape, num_classes=ds.num_classes)
+        raise ValueError(f"model {cfg.model!r} does not fit data {cfg.data!r}: the language models need "
+                         "--data pydoc or text, the classifiers need image or vector data")
+    size = ({"layers": cfg.gpt_layers, "width": cfg.gpt_width, "heads": cfg.gpt_heads, "context": cfg.gpt_context}
+            if cfg.model == "gpt" else {})
+    model = build_model(cfg.model, input_shape=ds.input_shape, num_classes=ds.num_classes, **size)
     return lm, ds, model
 
 
@@ -104,7 +106,7 @@ class ModelStep(TrainStep):
         self.shard, self.shards = shard, shards
         self._hidden = None
         if lm:
-            self._train_lm = lm_batches(ds.train_x, cfg.batch_size, cfg.bptt, rank=shard, world=shards)
+            self._train_lm = lm_batches(ds.train_x, cfg.batch_size, cfg.seq_len, rank=shard, world=shards)
             self.per_epoch = len(self._train_lm)
         else:
             n_train = len(ds.train_y)
@@ -113,11 +115,14 @@ class ModelStep(TrainStep):
                 raise ValueError(f"{n_train} training samples cannot be shared by {shards} {unit}")
 
     def batches(self, epoch: int):
+        """This rank's batches of ``epoch``; the first ``--steps-per-epoch`` of them where it is set (a language
+        model: the same first windows of the stream every epoch)."""
+        cap = self.cfg.steps_per_epoch or None
         if self.lm:
-            return self._train_lm[:self.per_epoch]
+            return self._train_lm[:self.per_epoch][:cap]
         idx = shard_indices(len(self.ds.train_y), self.shard, self.shards, seed=self.cfg.seed,
                             epoch=epoch)[:self.per_rank]
-        return list(iterate_batches(self.ds.train_x, self.ds.train_y, idx, self.cfg.batch_size))
+        return list(iterate_batches(self.ds.train_x, self.ds.train_y, idx, self.cfg.batch_size))[:cap]
 
     def forward(self, b: int, x, y):
         """The batch's loss (phase ``forward``)."""
@@ -153,10 +158,11 @@ class CollectiveStep(ModelStep):
                                          memory=cfg.memory, seed=cfg.seed, overlap=cfg.overlap, **opts)
         W, rank = comm.size, comm.rank
         if lm:
-            self.test_batches = lm_batches(ds.test_x, cfg.batch_size, cfg.bptt, rank=rank, world=W)
+            self.test_batches = lm_batches(ds.test_x, cfg.batch_size, cfg.seq_len, rank=rank, world=W)
             self.per_epoch = min(comm.allgather_obj(self.per_epoch))
             if self.per_epoch == 0:
-                raise ValueError("the training text is too short for --batch-size x --bptt on this many ranks")
+                raise ValueError("the training text is too short for --batch-size x the window (--bptt; gpt: "
+                                 "--gpt-context) on this many ranks")
         else:
             test_idx = np.arange(len(ds.test_y))[rank::W]
             self.test_batches = list(iterate_batches(ds.test_x, ds.test_y, test_idx, 512))
