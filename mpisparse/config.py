@@ -267,7 +267,8 @@ class TrainConfig:
                                  "--split-after, --micro-batches, --dp-scheme) has no trace")
             if self.steps_per_epoch:
                 raise ValueError("--steps-per-epoch applies to data-parallel and parameter-server training; a "
-                                 "pipeline (--mp-stages, --split-after, --micro-batches, --dp-scheme) takes every batch")
+                                 "pipeline (--mp-stages, --split-after, --micro-batches, --dp-scheme) takes every "
+                                 "batch")
         _world(cls, world)
         return self
 

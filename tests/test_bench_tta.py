@@ -51,6 +51,30 @@ def test_quick_form_on_two_ranks(tmp_path):
     _check_rows(res, [BASELINE, "dense", "topk"])
 
 
+@pytest.mark.mpi
+@pytest.mark.timeout(240)
+def test_a_language_model_trains_to_a_held_out_loss(tmp_path):
+    """gpt on the bundled text (no --data): its target is a held-out loss, each row says so, and what it reports
+    is the held-out loss and perplexity of its evaluations."""
+    j = tmp_path / "tta.json"
+    p = mpi_run(2, ["bench", "tta", "--model", "gpt", "--quick", "--scheme", BASELINE, "--scheme", "topk",
+                    "--max-steps", "6", "--eval-every", "3", "--batch-size", "16", "--no-progress", "--json", str(j)],
+                module=True, env={"MPISPARSE_QUICK": "1"}, timeout=180)
+    assert "target held-out loss 4.5" in p.stdout and "final loss" in p.stdout
+    res = json.loads(j.read_text())
+    assert res["data"] == "pydoc" and res["target_metric"] == "loss" and res["target"] == 4.5
+    for r in res["rows"]:
+        assert r["target"] == {"metric": "loss", "value": 4.5} and "final_accuracy" not in r
+        assert [c["step"] for c in r["curve"]][:1] == [3] and r["steps"] <= 6
+        for c in r["curve"]:
+            assert c["perplexity"] == pytest.approx(math.exp(c["loss"])) and "accuracy" not in c
+        assert r["final_loss"] == r["curve"][-1]["loss"] and r["final_perplexity"] == r["curve"][-1]["perplexity"]
+        first_met = next((c["step"] for c in r["curve"] if c["loss"] <= 4.5), None)
+        assert r["reached"] == (first_met is not None)
+        assert r["steps_to_target"] == (first_met if r["reached"] else NOT_REACHED)
+        assert r["bytes_per_step"] > 0
+
+
 @pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.skipif(WHY_NOT is not None, reason=f"emulated cluster: {WHY_NOT}")
@@ -75,6 +99,13 @@ def test_quick_form_on_two_emulated_hosts(tmp_path):
     (["--scheme", "powersgd", "--wire-dtype", "float16"], "scheme 'powersgd' sends float32 values only"),
     (["--scheme", "dense", "--matrix-approximation-rank", "2"], "is an option of powersgd"),
     (["--density", "0"], "--density"),
+    (["--model", "gpt", "--target-loss", "0"], "--target-loss is 0.0; allowed: a held-out loss > 0"),
+    (["--model", "gpt", "--target-loss", "-1.5"], "--target-loss is -1.5; allowed: a held-out loss > 0"),
+    (["--model", "lstm", "--target-ppl", "1"], "--target-ppl is 1.0; allowed: a held-out perplexity > 1"),
+    (["--model", "gpt", "--target", "0.9"], "--target 0.9 is a test accuracy; a language model's target is"),
+    (["--model", "mlp", "--target-ppl", "20"], "--target-ppl is a language model's target"),
+    (["--target", "0.9", "--target-loss", "1"], "--target and --target-loss: give one target"),
+    (["--model", "gpt", "--data", "digits"], "--model gpt does not fit --data digits"),
     (["--device", "cuda"] if importlib.util.find_spec("cupy") is None else ["--device", "tpu"],
      "--device cuda is not usable here" if importlib.util.find_spec("cupy") is None else "'tpu' is not one of"),
 ])
@@ -108,6 +139,35 @@ def test_table_and_plot(tmp_path):
     plot_tta(_res(True), str(png))
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert not math.isnan(_res(True)["rows"][1]["final_accuracy"])
+
+
+def test_a_language_models_table_and_plot_show_its_target(tmp_path):
+    res = _res(True)
+    res.update(model="gpt", data="pydoc", target=30.0, target_metric="perplexity")
+    for r in res["rows"]:
+        r["curve"] = [{"step": c["step"], "seconds": c["seconds"], "loss": c["loss"],
+                       "perplexity": math.exp(c["loss"])} for c in r.pop("curve")]
+        r.pop("final_accuracy")
+        r.update(final_loss=0.5, final_perplexity=math.exp(0.5))
+    text = format_tta(res)
+    assert "target held-out perplexity 30" in text and "final ppl" in text and "1.65" in text  # e^0.5
+    assert "accuracy" not in text and "final acc" not in text
+    png = tmp_path / "lm.png"
+    plot_tta(res, str(png))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_targets():
+    from mpisparse.bench.tta import Target, pick_target
+
+    assert pick_target(False) == Target("accuracy", 0.9) and pick_target(True) == Target("loss", 2.5)
+    assert pick_target(True, defaults={"loss": 4.5}) == Target("loss", 4.5)
+    assert pick_target(False, loss=0.3) == Target("loss", 0.3)  # a classifier may run to a test loss
+    assert pick_target(True, ppl=20) == Target("perplexity", 20.0)
+    assert Target("loss", 2.0).met({"loss": 2.0}) and not Target("loss", 2.0).met({"loss": 2.01})
+    assert Target("perplexity", 9.0).met({"perplexity": 8.0}) and not Target("accuracy", 0.9).met({"accuracy": 0.8})
+    with pytest.raises(ValueError, match=r"--target-loss is nan; allowed: a held-out loss > 0"):
+        pick_target(True, loss=float("nan"))
 
 
 def test_the_loop_stops_where_the_step_asks():

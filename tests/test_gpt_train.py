@@ -72,6 +72,21 @@ def test_gpt_trains_on_the_bundled_text_with_three_schemes(tmp_path):
     check_held_out(p, results, schemes, start)
 
 
+def test_advise_steps_times_the_gpt(tmp_path):
+    """advise-steps with --model gpt: the net exchanged is the default gpt on byte tokens (its dense ways' bytes
+    are its parameter count's)."""
+    from mpisparse.models.gpt import gpt_num_params
+
+    j = tmp_path / "steps.json"
+    mpi_run(2, ["advise-steps", "--model", "gpt", "--scheme", "topk", "--batch", "2", "--iters", "1", "--warmup", "0",
+                "--json", str(j)], module=True, timeout=180)
+    res = json.loads(j.read_text())
+    n = gpt_num_params(vocab=256, context=64, width=64, layers=2)
+    by = {r["scheme"]: r["bytes_per_step"] for r in res["rows"]}
+    assert res["model"] == "gpt" and list(by) == ["compute", "dense", "dense-16", "dense-opt", "topk"]
+    assert by["dense"] - by["dense-16"] == 2 * n and 0 < by["topk"] < by["dense-16"] and by["compute"] == 0
+
+
 QUICK = os.environ.get("MPISPARSE_QUICK") == "1"
 
 

@@ -54,14 +54,12 @@ def _way(comm, model: str, *, scheme: str | None, density: float, options: dict[
     """A net, this rank's batch and its optimizer (``scheme`` None: the local optimizer, no exchange)."""
     import torch
 
-    from ..models.nets import build_model
+    from ..models.nets import bench_net
     from ..torch import DistributedOptimizer
 
     torch.manual_seed(seed)
-    net = build_model(model, input_shape=INPUT_SHAPE, num_classes=10)
     g = torch.Generator().manual_seed(seed + 1000 + comm.rank)
-    x = torch.randn(batch, *INPUT_SHAPE, generator=g)
-    y = torch.randint(0, 10, (batch,), generator=g)
+    net, x, y = bench_net(model, batch, generator=g, input_shape=INPUT_SHAPE)  # a language model: random tokens
     if device is not None:
         net, x, y = net.to(device), x.to(device), y.to(device)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)

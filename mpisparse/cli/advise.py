@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from ..config import TRAIN_MODELS
 from ..models.shapes import model_names
 from .options import mpi_options, usage, writable_file
 from .session import maybe_relaunch, open_comm
@@ -34,9 +35,10 @@ def _size(ctx, param, value):
 
 
 @click.command("advise")
-@click.option("--model", type=click.Choice(sorted(set(model_names()) | {"mlp", "cnn"})), default="resnet18",
+@click.option("--model", type=click.Choice(sorted(set(model_names()) | set(TRAIN_MODELS))), default="resnet18",
               show_default=True,
-              help="The gradient's size and layers (powersgd's factors) are this model's.")
+              help="The gradient's size and layers (powersgd's factors) are this model's: a shape set of bench "
+                   "step, or a net of train (mlp, cnn, lstm, gpt, dlrm: as advise-steps builds it).")
 @click.option("--compute-seconds", type=click.FloatRange(min=0), default=None,
               help="A step's forward + backward + local optimizer step, seconds (per rank, as the ranks run). "
                    "Default: from --measured's compute way, else a short run of the model here.")
@@ -142,30 +144,32 @@ def _layout(model: str):
 
     if model in model_names():
         return FusionLayout(layer_shapes(model))
-    from ..bench.overlap import INPUT_SHAPE
-    from ..models.nets import build_model
+    import torch
 
-    net = build_model(model, input_shape=INPUT_SHAPE, num_classes=10)
+    from ..bench.overlap import INPUT_SHAPE
+    from ..models.nets import bench_net
+
+    net, _, _ = bench_net(model, 1, generator=torch.Generator(), input_shape=INPUT_SHAPE)
     return FusionLayout([(name, tuple(p.shape)) for name, p in net.named_parameters()])
 
 
 def measure_compute(model: str, batch: int, steps: int = 3) -> float:
-    """Median seconds of a local step (forward, backward, SGD) of the net on CIFAR-shaped random data."""
+    """Median seconds of a local step (forward, backward, SGD) of the net on random data (CIFAR-shaped images;
+    a language model: random tokens, :func:`mpisparse.models.nets.bench_net`)."""
     import statistics
     import time
 
     import torch
 
-    from ..bench.overlap import INPUT_SHAPE, OVERLAP_MODELS
-    from ..models.nets import build_model
+    from ..bench.overlap import INPUT_SHAPE
+    from ..models.nets import bench_net
 
-    if model not in OVERLAP_MODELS:
-        raise click.UsageError(f"measuring the compute of {model!r}: allowed {', '.join(OVERLAP_MODELS)}; "
+    if model not in TRAIN_MODELS:
+        raise click.UsageError(f"measuring the compute of {model!r}: allowed {', '.join(TRAIN_MODELS)}; "
                                "or give --compute-seconds")
     torch.manual_seed(0)
-    net = build_model(model, input_shape=INPUT_SHAPE, num_classes=10)
+    net, x, y = bench_net(model, batch, generator=torch.Generator().manual_seed(1), input_shape=INPUT_SHAPE)
     opt = torch.optim.SGD(net.parameters(), lr=0.01)
-    x, y = torch.randn(batch, *INPUT_SHAPE), torch.randint(0, 10, (batch,))
     times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
@@ -179,8 +183,9 @@ def measure_compute(model: str, batch: int, steps: int = 3) -> float:
 
 @click.command("advise-steps")
 @mpi_options
-@click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18"]), default="resnet18", show_default=True,
-              help="The net trained (CIFAR-shaped random batches, each rank its own).")
+@click.option("--model", type=click.Choice(TRAIN_MODELS), default="resnet18", show_default=True,
+              help="The net trained (random batches, each rank its own: CIFAR-shaped images; lstm, gpt: windows "
+                   "of 64 random byte tokens).")
 @click.option("--scheme", "schemes", multiple=True, default=("topk", "cltk", "deft", "gtopk", "powersgd", "oktopk"),
               show_default=True, type=click.Choice(["topk", "cltk", "deft", "gtopk", "powersgd", "oktopk"]),
               help="Sparse schemes measured beside compute, dense, dense-16 and dense-opt (repeatable).")

@@ -1,4 +1,4 @@
-"""``mpisparse bench tta``: time to accuracy, one model trained with each scheme (:mod:`mpisparse.bench.tta`).
+"""``mpisparse bench tta``: time to target, one model trained with each scheme (:mod:`mpisparse.bench.tta`).
 
 Every configuration is validated before MPI starts (a bad value is one
 line and exit 2); the runs train through the training runtime one after
@@ -12,7 +12,7 @@ import socket
 
 import click
 
-from ..config import DEVICES, TrainConfig
+from ..config import DATASETS, DEVICES, LM_MODELS, TRAIN_MODELS, TrainConfig
 from ..mpi.device import check_device_usable
 from ..runtimes import schemes_of
 from . import output
@@ -24,22 +24,29 @@ __all__ = ["bench_tta"]
 
 _BASELINE = "dense-opt"  # mpisparse.bench.tta.BASELINE (that module imports numpy; this one stays light)
 _DEFAULTS = (_BASELINE, "dense", "topk", "cltk", "deft", "powersgd")
-_QUICKABLE = ("model", "target", "max_steps", "eval_every")
+_QUICKABLE = ("model", "target", "target_loss", "max_steps", "eval_every")
 
 
 @click.command("tta", cls=SectionedCommand)
 @mpi_options
-@click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18"]), default="resnet18", show_default=True,
-              help="The classifier trained (resnet18: 11.2 M parameters, a gradient the network feels).")
-@click.option("--data", type=click.Choice(["digits", "synthetic", "cifar10"]), default="digits", show_default=True,
-              help="digits ships with scikit-learn; cifar10 reads --data-dir.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="CIFAR-10 binary batches.")
+@click.option("--model", type=click.Choice(TRAIN_MODELS), default="resnet18", show_default=True,
+              help="The model trained, any of train's (resnet18: 11.2 M parameters, a gradient the network feels; "
+                   "lstm, gpt: language models).")
+@click.option("--data", type=click.Choice(DATASETS), default=None,
+              help="As train's: digits ships with scikit-learn, pydoc with Python; cifar10 and text read --data-dir "
+                   "[default: pydoc for lstm and gpt, else digits].")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="CIFAR-10 binary batches, or a text corpus.")
 @click.option("--scheme", "schemes", type=click.Choice([_BASELINE] + schemes_of("collective")), multiple=True,
               default=_DEFAULTS, show_default=True,
               help=f"Repeatable. {_BASELINE}: the optimized dense baseline (dense, a 16-bit wire, --overlap); "
                    "dense: float32 dense, no overlap; any other: that data-parallel scheme as `train` runs it.")
-@click.option("--target", type=float, default=0.9, show_default=True,
-              help="Test accuracy to reach, in (0, 1].")
+@click.option("--target", type=float, default=None,
+              help="Test accuracy to reach, in (0, 1]: a classifier's target [0.9].")
+@click.option("--target-loss", type=float, default=None,
+              help="Held-out (test) loss to reach, > 0: a language model's target [2.5], or a classifier's.")
+@click.option("--target-ppl", type=float, default=None,
+              help="Held-out perplexity to reach, > 1 (a language model; instead of --target-loss).")
 @click.option("--max-steps", type=click.IntRange(min=1), default=300, show_default=True,
               help="Step budget of each run (a run that does not reach the target stops here).")
 @click.option("--eval-every", type=click.IntRange(min=1), default=10, show_default=True,
@@ -54,36 +61,39 @@ _QUICKABLE = ("model", "target", "max_steps", "eval_every")
 @click.option("--baseline-wire", type=click.Choice(["float16", "bfloat16"]), default="float16", show_default=True,
               help=f"The wire dtype of {_BASELINE}.")
 @click.option("--quick", is_flag=True,
-              help="CI form: mlp, target 0.8, 40 steps, evaluated every 5 (options given still win; "
-                   "MPISPARSE_QUICK=1: target 0.5, 12 steps).")
+              help="CI form: mlp, target 0.8 (a language model: loss 3.5), 40 steps, evaluated every 5 (options "
+                   "given still win; MPISPARSE_QUICK=1: target 0.5 (loss 4.5), 12 steps, every 4).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="Every run's row (docs/performance.md#time-to-accuracy) and provenance.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
-              help="PNG: test accuracy against training wall-clock, a line per scheme.")
+              help="PNG: the target's metric against training wall-clock, a line per scheme.")
 @scheme_options(schemes_of("collective"), exclude=("momentum",))
 @progress_options
-def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, max_steps, eval_every, density, batch_size,
-              lr, momentum, seed, device, baseline_wire, quick, json_path, plot_path, progress_interval=10.0,
-              no_progress=False, **scheme_opts) -> None:
-    """Time to accuracy: train one model with each scheme until a target test accuracy or a step budget.
+def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, target_loss, target_ppl, max_steps, eval_every,
+              density, batch_size, lr, momentum, seed, device, baseline_wire, quick, json_path, plot_path,
+              progress_interval=10.0, no_progress=False, **scheme_opts) -> None:
+    """Time to target: train one model with each scheme until a target (a classifier's test accuracy, a language
+    model's held-out loss or perplexity) or a step budget.
 
     Prints per scheme the steps and wall-clock to the target, the final
-    accuracy, bytes per step and the mean step split into compute, exposed
-    exchange and exchange hidden behind backward. Compute is this machine's
-    CPU. Run it with -n W, or inside `bin/emucluster run H --rate R --`.
+    value of the target's metric, bytes per step and the mean step split into
+    compute, exposed exchange and exchange hidden behind backward. Compute is
+    this machine's CPU. Run it with -n W, or inside `bin/emucluster run H --rate R --`.
     """
     from ..bench import tta
 
     output.configure_progress(progress_interval, not no_progress)
+    defaults = {}
     if quick:
         ctx = click.get_current_context()
         size = "tiny" if os.environ.get("MPISPARSE_QUICK") == "1" else "quick"
-        given = {k: v for k, v in dict(model=model, target=target, max_steps=max_steps,
-                                       eval_every=eval_every).items()
+        given = {k: v for k, v in dict(model=model, max_steps=max_steps, eval_every=eval_every).items()
                  if ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE}
         picked = {**tta.QUICK[size], **given}
-        model, target, max_steps, eval_every = (picked[k] for k in _QUICKABLE)
-    target = usage(tta.check_target, target)
+        model, max_steps, eval_every = picked["model"], picked["max_steps"], picked["eval_every"]
+        defaults = {"accuracy": picked["target"], "loss": picked["target_loss"]}
+    goal = usage(tta.pick_target, model in LM_MODELS, accuracy=target, loss=target_loss, ppl=target_ppl,
+                 defaults=defaults)
     names = tuple(dict.fromkeys(schemes))
     registered = tuple(dict.fromkeys("dense" if n == tta.BASELINE else n for n in names))
     runs = tta.plan_runs(names, pick_scheme_options(registered, scheme_opts), baseline_wire)
@@ -92,7 +102,8 @@ def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, max_steps
                                   scheme_options=dict(r.options), overlap=r.overlap, max_skipped_steps=0,
                                   device=device), nprocs)
             for r in runs]
-    if data == "cifar10" and not os.path.isdir(data_dir or ""):
+    data = cfgs[0].data  # --data, or the model's default
+    if data in ("cifar10", "text") and not os.path.isdir(data_dir or ""):
         raise click.UsageError(f"--data-dir {data_dir!r} is not a directory")
     check_plot(plot_path)
     usage(check_device_usable, device, need_torch=True)
@@ -105,15 +116,16 @@ def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, max_steps
     rows = []
     for run, cfg in zip(runs, cfgs):
         if comm.rank == 0:
-            click.echo(f"== {run.label}: {model} on {data}, W={comm.size}, to {100 * target:.1f}% or "
+            click.echo(f"== {run.label}: {model} on {data}, W={comm.size}, to {goal.describe()} or "
                        f"{max_steps} steps", err=True)
-        rows.append(tta.run_tta(comm, cfg, run, target=target, max_steps=max_steps, eval_every=eval_every,
+        rows.append(tta.run_tta(comm, cfg, run, target=goal, max_steps=max_steps, eval_every=eval_every,
                                 progress=output.train_progress(comm, run.label)))
     hosts = len(set(comm.allgather_obj(socket.gethostname())))
     prov = gather_provenance(comm)
     if comm.rank == 0:
         res = {"command": "bench tta", "model": model, "data": data, "world_size": comm.size, "hosts": hosts,
-               "target": target, "max_steps": max_steps, "eval_every": eval_every, "batch_size": batch_size,
+               "target": goal.value, "target_metric": goal.metric, "max_steps": max_steps, "eval_every": eval_every,
+               "batch_size": batch_size,
                "lr": lr, "momentum": momentum, "density": density, "seed": seed, "baseline": tta.BASELINE,
                "baseline_wire_dtype": baseline_wire, "quick": quick, "device": device,
                "compute_note": tta.compute_note(device), "rows": rows,
