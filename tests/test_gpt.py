@@ -111,6 +111,25 @@ def test_pydoc_is_cpythons_own_text_split_at_the_end_without_a_download(monkeypa
     assert a.train_x.dtype == torch.int64 and int(whole.min()) >= 0 and int(whole.max()) < 256
 
 
+def test_gpt_and_lstm_take_a_word_level_text_corpus_too(tmp_path):
+    """--data text --data-dir: the vocabulary (and so the embedding and the tied head) from the files."""
+    from mpisparse.config import TrainConfig
+    from mpisparse.train.loop import seeded_setup
+
+    for name, text in (("train.txt", "the cat sat on the mat\nthe dog sat\n" * 20), ("test.txt", "the cat sat\n")):
+        (tmp_path / name).write_text(text)
+    with torch.random.fork_rng():
+        for model in ("gpt", "lstm"):
+            cfg = TrainConfig(model=model, data="text", data_dir=str(tmp_path), gpt_context=8)
+            lm, ds, net = seeded_setup(cfg)
+            assert lm and ds.num_classes == 8  # 6 words, <eos>, <unk>
+            x, y = lm_batches(ds.train_x, 2, cfg.seq_len)[0]
+            out, _ = net(x)
+            assert x.shape[0] == cfg.seq_len == (8 if model == "gpt" else 35)  # gpt: --gpt-context, lstm: --bptt
+            assert out.shape == (*x.shape, 8)
+    torch.set_num_threads(1)
+
+
 def test_a_step_on_pydoc_windows_and_the_bench_net():
     ds = load_dataset("pydoc")
     model = build_model("gpt", input_shape=(), num_classes=ds.num_classes, context=32, width=32, heads=2)
