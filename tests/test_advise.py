@@ -51,10 +51,51 @@ def test_overlap_hides_at_most_the_backward_window():
     assert fast["hidden"] == pytest.approx(0.9 * fast["exchange"])
 
 
-def test_ranks_of_a_host_share_its_link():
-    one = adv.step_time("dense", setting(world=2, hosts=2), link(1e9))["exchange"]
-    two = adv.step_time("dense", setting(world=4, hosts=2), link(1e9))["exchange"]
-    assert two > 1.4 * one  # 4 ranks on 2 links: each rank's share of a link halves (and W/(W-1) grows)
+def test_ranks_of_a_host_cross_its_nic_as_the_collectives_run():
+    from mpisparse.bench import netmodel as nm
+
+    intra = cm.Link(latency=1e-6, bandwidth=10e9 / 8)
+    s = setting(world=4, hosts=2, intra=intra)
+    lk = link(1e9)
+    # float32 dense, flat: recursive halving and doubling; at distance 1 half the vector stays inside the host,
+    # at distance 2 both ranks of a host send a quarter across its NIC; 2 log2(4) latencies
+    m = 4 * N
+    want = 2 * ((m / 2) / intra.bandwidth + 2 * (m / 4) / lk.bandwidth) + 4 * LAT
+    assert adv.step_time("dense", s, lk)["exchange"] == pytest.approx(want)
+    # topk's Allgathervs are rings: one block a round through each NIC, as with one rank a host
+    one = adv.step_time("topk", setting(world=4, hosts=4), lk)["exchange"]
+    assert adv.step_time("topk", s, lk)["exchange"] == pytest.approx(one)
+    # two levels: Reduce in the host, the leaders' Allreduce, Bcast in the host (mpisparse/mpi/hierarchy.py)
+    h = setting(world=4, hosts=2, intra=intra, hierarchical=True)
+    t = nm.Topology(4, 2, lk, intra, hierarchical=True)
+    assert adv.step_time("dense", h, lk)["exchange"] == pytest.approx(nm.collective("allreduce", t, m))
+    assert adv.nic_bytes("dense", h) == pytest.approx(adv.nic_bytes("dense", s)) == pytest.approx(m)
+    assert adv.nic_bytes("topk", s) == pytest.approx(3 * 8 * int(0.01 * N))  # 3 ring rounds of k indices + values
+    models = {r["scheme"]: r["exchange_model"] for r in adv.advise(h, lk)["rows"]}
+    assert models == {adv.BASELINE: "flat", "dense": "two-level", "topk": "two-level", "cltk": "two-level",
+                      "deft": "two-level", "gtopk": "flat", "powersgd": "two-level", "oktopk": "flat"}
+    # NCCL's dense: 16-bit, the shards across the hosts
+    g = setting(world=4, hosts=2, intra=intra, dense_exchange="nccl")
+    assert adv.step_time(adv.BASELINE, g, lk)["exchange"] == pytest.approx(nm.nccl_allreduce(
+        nm.Topology(4, 2, lk, intra), 2 * N))
+    assert {r["scheme"]: r["exchange_model"] for r in adv.advise(g, lk)["rows"]}["dense"] == "nccl"
+    with pytest.raises(ValueError, match="need an intra-host link"):
+        setting(world=4, hosts=2)
+    with pytest.raises(ValueError, match="dense exchange 'gloo'"):
+        setting(dense_exchange="gloo")
+
+
+def test_a_rate_tables_fixed_costs_are_part_of_the_scheme_compute():
+    r = cm.Rates(stream=1e-12, topk=1e-12, fused=2e-12, scatter=1e-10, segmented=3e-12, pick=1e-9, merge=1e-9,
+                 per_call={"fused": 5e-5, "scatter": 2e-5})
+    s = setting(world=4, hosts=4, rates=r, step_fixed={"topk": 1e-3})
+    ph = adv.scheme_phases("topk", s, link(1e9))
+    k = int(0.01 * N)
+    assert ph["compensate"] == pytest.approx(5e-5 + 2e-12 * N) and ph["select"] == pytest.approx(1e-9 * k)
+    assert ph["update"] == pytest.approx(2e-5 + 1e-10 * 4 * k) and ph["fixed"] == 1e-3
+    assert adv.step_time("topk", s, link(1e9))["overhead"] == pytest.approx(sum(v for p, v in ph.items()
+                                                                                 if p != "exchange"))
+    assert "fixed" not in adv.scheme_phases("cltk", s, link(1e9))
 
 
 def test_peers_bytes_follow_their_formulas():
@@ -149,6 +190,12 @@ def test_cli_prints_the_winner_and_crossover(tmp_path):
     (["--rate", "0mbit"], "link rate '0mbit'; it must be > 0"),
     (["--hidden-share", "1.5"], "Invalid value for '--hidden-share'"),
     (["-W", "3", "--hosts", "2"], "W = 3 on 2 hosts"),
+    (["-W", "8", "--ranks-per-host", "3"], "W = 8 with --ranks-per-host 3; W must be a multiple"),
+    (["-W", "8", "--ranks-per-host", "4", "--hosts", "4"], "make 16 ranks, not W = 8; give one of them"),
+    (["-W", "8", "--ranks-per-host", "0"], "Invalid value for '--ranks-per-host'"),
+    (["-W", "4", "--ranks-per-host", "2", "--intra-rate", "0gbit"], "link rate '0gbit'; it must be > 0"),
+    (["--dense-exchange", "gloo"], "Invalid value for '--dense-exchange'"),
+    (["--device", "tpu"], "Invalid value for '--device'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "1", *args])
@@ -346,3 +393,53 @@ def test_a_file_that_is_not_advise_steps_output_is_a_usage_error(tmp_path, optio
     r = CliRunner().invoke(cli, ["advise", "--compute-seconds", "1", option, str(p)])
     assert r.exit_code == 2, r.output
     assert f"{p}: not " in r.output and len([ln for ln in r.output.splitlines() if ln.startswith("Error")]) == 1
+
+
+def _row(output: str, scheme: str) -> list[str]:
+    return next(ln.split() for ln in output.splitlines() if ln.split()[:1] == [scheme])
+
+
+def test_advice_for_nodes_of_eight_gpus_names_its_rates_and_exchange_models():
+    args = ["advise", "--model", "resnet50", "-W", "128", "--ranks-per-host", "8", "--rate", "25gbit",
+            "--compute-seconds", "0.2"]
+    gpu = CliRunner().invoke(cli, [*args, "--device", "cuda"])
+    assert gpu.exit_code == 0, gpu.output
+    assert "W=128 on 16 hosts (8 a host), NIC 25 Gbit/s, intra-host 3,600 Gbit/s" in gpu.output
+    assert "rate table NVIDIA H200 (mpisparse/bench/rate_tables/nvidia-h200.json), with its fixed cost per step" \
+        in gpu.output
+    assert "exchange models: nccl: dense-opt, dense; flat: topk, cltk, deft, gtopk, powersgd, oktopk" in gpu.output
+    assert "crossover: dense (dense-opt or float32, the faster) wins above" in gpu.output
+    cpu = CliRunner().invoke(cli, [*args, "--device", "cpu"])
+    assert cpu.exit_code == 0, cpu.output
+    assert "rate table AMD EPYC, 2 cores" in cpu.output and "exchange models: flat: dense-opt, dense, topk" in cpu.output
+    # topk's own compute: the CPU's scatter of W k entries against the GPU's (scheme compute ms, column 5)
+    assert float(_row(cpu.output, "topk")[4].replace(",", "")) > 50 * float(_row(gpu.output, "topk")[4])
+    two = CliRunner().invoke(cli, [*args, "--device", "cuda", "--hierarchical", "--dense-exchange", "mpi"])
+    assert "two-level: dense, topk, cltk, deft, powersgd" in two.output, two.output
+    # a GPU's compute step is not measured here
+    r = CliRunner().invoke(cli, args[:-2] + ["--device", "cuda"])
+    assert r.exit_code == 2 and "give --compute-seconds" in r.output, r.output
+
+
+def test_a_users_rate_table_measured_here_and_read_back(tmp_path):
+    p = tmp_path / "mine.json"
+    r = CliRunner().invoke(cli, ["advise", "--model", "cnn", "--compute-seconds", "0.05", "--measure-rates", str(p)])
+    assert r.exit_code == 0, r.output
+    assert "rate table CPU" in r.output and f"({p})" in r.output
+    r2 = CliRunner().invoke(cli, ["advise", "--model", "cnn", "--compute-seconds", "0.05", "--rates", str(p)])
+    assert r2.exit_code == 0 and _row(r2.output, "topk") == _row(r.output, "topk"), r2.output
+    p.write_text(json.dumps({"format": "something else"}))
+    r3 = CliRunner().invoke(cli, ["advise", "--compute-seconds", "0.05", "--rates", str(p)])
+    assert r3.exit_code == 2 and f"{p}: not a rate table" in r3.output, r3.output
+    assert len([ln for ln in r3.output.splitlines() if ln.startswith("Error")]) == 1
+
+
+def test_a_measurement_of_another_setting_is_refused(tmp_path):
+    p = tmp_path / "steps.json"
+    p.write_text(json.dumps({"world_size": 4, "hierarchical": True, "compute_seconds": 1.0,
+                             "rows": [{"scheme": "compute", "step_seconds": 1.0}]}))
+    base = ["advise", "--compute-seconds", "1", "--measured", str(p)]
+    r = CliRunner().invoke(cli, [*base, "-W", "4", "--ranks-per-host", "2"])
+    assert r.exit_code == 2 and "ran two-level (--hierarchical) collectives" in r.output, r.output
+    r = CliRunner().invoke(cli, [*base, "-W", "2"])
+    assert r.exit_code == 2 and "--measured ran on W = 4; the advice is for W = 2" in r.output, r.output

@@ -1,7 +1,8 @@
 """``mpisparse advise``: which scheme reaches the target first on a given network, and the crossover link.
 
-Pure functions on top of the cost model (:mod:`mpisparse.bench.costmodel`): a
-step of scheme ``s`` on ``W`` ranks (``hosts`` hosts, one link each) takes
+Pure functions on top of the cost model (:mod:`mpisparse.bench.costmodel`) and the exchange models
+(:mod:`mpisparse.bench.netmodel`): a step of scheme ``s`` on ``W`` ranks, ``G = W / hosts`` of them a host,
+takes
 
     step(s) = compute + overhead(s) + exchange(s) - hidden(s)
 
@@ -11,11 +12,14 @@ step of scheme ``s`` on ``W`` ranks (``hosts`` hosts, one link each) takes
   (:func:`~mpisparse.bench.advise_measured.overheads_from`): the step of one rank alone (``advise-steps
   -n 1``: the library's gather, checks and write-back, the scheme's compensate and select, a 16-bit wire's
   casts) minus its compute, as a share of that compute, so that a loaded machine scales both alike; else the
-  cost model's ``compensate``, ``select`` and ``update`` phases at the kernel rates
-  (:class:`~mpisparse.bench.costmodel.Rates`), stretched by the ranks' turns on shared cores
-  (:func:`~mpisparse.bench.costmodel.sharing`), which leave out the library's own cost;
-* ``exchange(s)``: the cost model's exchange term at the link (its byte model, ``wire``: 16-bit values);
-  powersgd and oktopk are added here (:func:`peer_phases`);
+  cost model's ``compensate``, ``select`` and ``update`` phases at a device's rates
+  (:class:`~mpisparse.bench.costmodel.Rates`, per element and per call: :mod:`mpisparse.bench.rates`), plus
+  the table's fixed cost per step where it has one, stretched by the ranks' turns on shared cores
+  (:func:`~mpisparse.bench.costmodel.sharing`);
+* ``exchange(s)``: the scheme's collectives (:func:`collectives`) at the link, as the code runs them:
+  ``flat`` or ``two-level`` (``--hierarchical``, for the schemes that have that form), with the bytes that
+  really cross each host's NIC, and the dense baseline either as MPI runs it here or as NCCL runs it on a GPU
+  cluster (``dense_exchange``; :func:`exchange_model` names the model of each row);
 * ``hidden(s)``: for a scheme that overlaps with backward (the optimized dense baseline: dense, 16-bit
   wire, overlapped), ``min(hidden_share * exchange, window * compute)``: overlap hides a share of the
   exchange, but never more than the backward pass it runs under (``window``: backward's share of the
@@ -23,7 +27,7 @@ step of scheme ``s`` on ``W`` ranks (``hosts`` hosts, one link each) takes
 
 Time to target: ``step(s) * steps_to_target(s)``, the steps from a ``bench tta`` JSON
 (:func:`~mpisparse.bench.advise_measured.load_tta`); without one every scheme is assumed to need as many steps
-as the baseline (``steps_assumed`` in the result).  The crossover (:func:`crossover_bandwidth`): the link
+as the baseline (``steps_assumed`` in the result).  The crossover (:func:`crossover_bandwidth`): the NIC
 bandwidth above which the optimized dense baseline reaches the target first.
 
 The winner's ties (:func:`ties`): the schemes whose measured overheads (``advise-steps -n 1``, per turn) cannot
@@ -40,14 +44,17 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from . import costmodel as cm
+from . import netmodel as nm
+from .rates import builtin_table
 
 #: the optimized dense baseline's label: dense, 16-bit values on the wire, overlapped with backward
 BASELINE = "dense-opt"
 #: the schemes the advisor ranks (labels); ``dense`` is float32 dense exchanged after backward
 ADVISE_SCHEMES = (BASELINE, "dense", "topk", "cltk", "deft", "gtopk", "powersgd", "oktopk")
-#: kernel rates of this 2-core machine, 2 processes at once (docs/results/cost-model.md, ns per element)
-DEFAULT_RATES = cm.Rates(stream=0.47e-9, topk=0.41e-9, fused=0.52e-9, scatter=30.92e-9, segmented=0.52e-9,
-                         pick=30.00e-9, merge=18.43e-9)
+#: kernel rates of this 2-core machine, 2 processes at once (the ``cpu`` table: docs/results/cost-model.md)
+DEFAULT_RATES = builtin_table("cpu").rates
+#: how a dense exchange runs: ``mpi``, as this library runs it (flat or two-level); ``nccl``, as NCCL runs it
+DENSE_EXCHANGES = ("mpi", "nccl")
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,15 @@ class Setting:
     #: bytes a host's link lets through at once after it idled: a token bucket's size (tc's tbf, a cloud's
     #: burst allowance); 0: none
     burst: float = 0.0
+    #: each rank's link to the other ranks of its host (NVLink, PCIe, shared memory); needed when hosts < world
+    intra: cm.Link | None = None
+    #: the schemes' collectives in two levels (:mod:`mpisparse.mpi.hierarchy`) where a scheme can run them so
+    hierarchical: bool = False
+    #: how the dense ways exchange (:data:`DENSE_EXCHANGES`)
+    dense_exchange: str = "mpi"
+    #: fixed seconds a step of a scheme costs beyond its kernels (launches, read backs, host work), per scheme
+    #: name, from the rate table (:attr:`mpisparse.bench.rates.RateTable.step_fixed`); empty: none
+    step_fixed: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.compute >= 0:
@@ -91,10 +107,127 @@ class Setting:
             raise ValueError(f"burst {self.burst} bytes; it must be >= 0")
         if self.world < 1 or self.hosts < 1 or self.world % self.hosts:
             raise ValueError(f"W = {self.world} on {self.hosts} hosts; W must be a positive multiple of hosts")
+        if self.hosts < self.world and self.intra is None:
+            raise ValueError(f"W = {self.world} on {self.hosts} hosts: {self.world // self.hosts} ranks a host "
+                             "need an intra-host link (intra)")
+        if self.dense_exchange not in DENSE_EXCHANGES:
+            raise ValueError(f"dense exchange {self.dense_exchange!r}; allowed: {', '.join(DENSE_EXCHANGES)}")
+
+
+#: what each advisor label runs: ``(scheme, values' wire)`` (gtopk: float32 only)
+def _scheme_wire(label: str, s: Setting) -> tuple[str, str]:
+    if label == BASELINE:
+        return "dense", s.dense_wire
+    if label == "dense":
+        return "dense", "float32"
+    return label, "float32" if label == "gtopk" else s.sparse_wire
+
+
+def _sum(m_values: float, wire: str, W: int) -> list[tuple[str, float]]:
+    """A sum over ranks of ``m_values`` bytes of ``wire`` values (:func:`mpisparse.mpi.wire.allreduce_sum`): one
+    Allreduce (float32), or an Alltoallv reduce-scatter and an Allgatherv of the block sums (16-bit)."""
+    if wire == "float32":
+        return [("allreduce", m_values)]
+    return [("alltoallv", m_values), ("allgatherv", m_values / W)]
+
+
+def collectives(label: str, s: Setting) -> list[tuple[str, float]]:
+    """The collectives of one step of ``label`` as the code calls them, ``(op, bytes)`` in
+    :func:`mpisparse.bench.netmodel.collective`'s terms (``allgatherv``: bytes a rank; ``rounds``: that many
+    message latencies, no bytes); a zero-byte op is a small message (counts, bins) that costs its latency."""
+    from ..schemes.oktopk import oktopk_bound_bytes
+
+    W, n = s.world, s.n
+    scheme, wire = _scheme_wire(label, s)
+    vb, ib = cm.value_bytes(wire), 4
+    k = max(1, int(s.density * n))
+    if scheme == "dense":
+        return _sum(vb * n, wire, W)
+    if scheme == "topk":  # counts, indices, values: three Allgathervs
+        return [("allgatherv", 0.0), ("allgatherv", ib * k), ("allgatherv", vb * k)]
+    if scheme == "cltk":  # the leader's indices (Bcast), the values summed
+        return [("bcast", ib * k)] + _sum(vb * k, wire, W)
+    if scheme == "deft":
+        from ..schemes.deft import PACK_COST  # "size": every rank packs the same bins once, no Bcast
+
+        bins = [("bcast", 0.0)] if PACK_COST == "eq3" else []
+        return bins + [("allgatherv", 0.0), ("allgatherv", ib * k / W)] + _sum(vb * k, wire, W)
+    if scheme == "gtopk":
+        return [("pairwise", k * (ib + vb))]
+    if scheme == "powersgd":  # three Allreduces (the dense layers, P, Q): their elements in all
+        elements = s.powersgd_elements if s.powersgd_elements is not None else max(1, n // 100)
+        return [("allreduce", 4.0 * elements), ("allreduce", 0.0), ("allreduce", 0.0)]
+    if scheme == "oktopk":  # half the paper's bound: half in the split's Alltoallv, half in the Allgatherv
+        half = oktopk_bound_bytes(k, W, ib + vb) / 4 if W > 1 else 0.0
+        return [("alltoallv", half * W / max(1, W - 1)), ("allgatherv", half / max(1, W - 1)),
+                ("rounds", (W - 1) + cm._log2(W))]  # its other point-to-point rounds and small collectives
+    raise ValueError(f"scheme {label!r}; allowed: {', '.join(ADVISE_SCHEMES)}")
+
+
+def exchange_model(label: str, s: Setting) -> str:
+    """How ``label``'s exchange runs in the prediction (:data:`mpisparse.bench.netmodel.EXCHANGES`): the dense ways
+    as ``s.dense_exchange`` says (``nccl``, or this library's), every scheme ``two-level`` under
+    ``s.hierarchical`` where its class can run so (gtopk and oktopk cannot: flat), else ``flat``.  The overlapped
+    baseline stays flat under ``--hierarchical`` too: its buckets exchange on a plain duplicate of the
+    communicator (:class:`mpisparse.torch.overlap.BucketExchange`)."""
+    scheme = _scheme_wire(label, s)[0]
+    if scheme == "dense" and s.dense_exchange == "nccl":
+        return "nccl"
+    if s.hierarchical and s.hosts < s.world and label != BASELINE:
+        from ..registry import SCHEMES
+
+        return "two-level" if SCHEMES[scheme].hierarchical else "flat"
+    return "flat"
+
+
+def _exchange(label: str, s: Setting, nic: cm.Link, intra: cm.Link | None) -> float:
+    """Seconds of ``label``'s exchange with each host's NIC ``nic`` and the ranks' ``intra`` link."""
+    if s.world == 1:
+        return 0.0
+    how = exchange_model(label, s)
+    G = s.world // s.hosts
+    t = nm.Topology(s.world, G, nic, intra if G > 1 else None, hierarchical=how == "two-level")
+    if how == "nccl":
+        return nm.nccl_allreduce(t, cm.value_bytes(_scheme_wire(label, s)[1]) * s.n)
+    total = 0.0
+    for op, m in collectives(label, s):
+        total += m * t.latency if op == "rounds" else nm.collective(op, t, m)
+    return total
+
+
+def nic_bytes(label: str, s: Setting) -> float:
+    """Bytes that leave the busiest host's NIC in one step of ``label`` (each direction), by the exchange model:
+    its exchange with a 1 byte/s NIC, no latency and an unbounded intra-host link (every round then takes as long
+    as its NIC's bytes); 0 on one host.  What ``bin/emucluster --stats`` counts on a host's link."""
+    if s.hosts == 1:
+        return 0.0
+    intra = None if s.intra is None else cm.Link(latency=0.0, bandwidth=math.inf)
+    return _exchange(label, s, cm.Link(latency=0.0, bandwidth=1.0), intra)
+
+
+def _compute(label: str, s: Setting) -> dict[str, float]:
+    """``compensate``, ``select``, ``update`` (and ``fixed``: the table's per-step cost) of one step of ``label``
+    at ``s.rates``, stretched by the ranks' turns on shared cores."""
+    W, n, r = s.world, s.n, s.rates
+    scheme = _scheme_wire(label, s)[0]
+    if scheme == "powersgd":  # the error feedback, the two products M Q and M^T P (rank 1), the update P Q^T
+        comp = {"compensate": r.cost("stream", n), "select": r.cost("stream", 2 * n, calls=2),
+                "update": r.cost("stream", n)}
+    elif scheme == "oktopk":  # top-k's pass and pick, the region's reduction and the update (a scatter each)
+        k = max(1, int(s.density * n))
+        comp = {"compensate": r.cost("fused", n), "select": r.cost("pick", k),
+                "update": r.cost("scatter", 2 * k, calls=2)}
+    else:
+        comp = cm.compute_phases(scheme, n, s.density, W, r)
+    fixed = s.step_fixed.get(label, s.step_fixed.get(scheme, 0.0))
+    if fixed:
+        comp["fixed"] = fixed
+    stretch = cm.sharing(W, s.shared_cores)[1]
+    return {p: v * stretch for p, v in comp.items()}
 
 
 def peer_phases(scheme: str, s: Setting, link: cm.Link) -> dict[str, float]:
-    """The phases of powersgd and oktopk (the cost model's other schemes: :func:`~costmodel.predict`).
+    """The phases of powersgd and oktopk (:func:`scheme_phases` of the cost model's other schemes).
 
     powersgd: three Allreduces (the dense layers, the P factors, the Q factors) of ``powersgd_elements``
     elements in all; its compute is the error feedback (a stream), the two products M Q and M^T P (a stream
@@ -102,48 +235,23 @@ def peer_phases(scheme: str, s: Setting, link: cm.Link) -> dict[str, float]:
     ``6 k (W-1)/W`` elements (:func:`mpisparse.schemes.oktopk.oktopk_bound_bytes`), in ``W - 1`` point to
     point rounds and three small collectives; its compute is top-k's (the fused pass, the pick) plus the
     region's reduction and the update (a scatter per selected element each)."""
-    from ..schemes.oktopk import oktopk_bound_bytes
-
-    W, n, r = s.world, s.n, s.rates
-    a, b = link.latency, 1.0 / link.bandwidth
-    lg = math.log2(W) if W > 1 else 0.0
-    stretch = cm.sharing(W, s.shared_cores)[1]
-    if scheme == "powersgd":
-        elements = s.powersgd_elements if s.powersgd_elements is not None else max(1, n // 100)
-        comp = {"compensate": r.stream * n, "select": 2 * r.stream * n, "update": r.stream * n}
-        comm = 3 * 2 * lg * a + 2 * (W - 1) / W * elements * 4 * b
-    elif scheme == "oktopk":
-        k = max(1, int(s.density * n))
-        comp = {"compensate": r.fused * n, "select": r.pick * k, "update": 2 * r.scatter * k}
-        comm = (W - 1 + 3 * lg) * a + oktopk_bound_bytes(k, W, 4 + cm.value_bytes(s.sparse_wire)) / 2 * b
-    else:
+    if scheme not in ("powersgd", "oktopk"):
         raise ValueError(f"scheme {scheme!r}: not a peer scheme; allowed: powersgd, oktopk")
-    out = {p: v * stretch for p, v in comp.items()}
-    out["exchange"] = comm if W > 1 else 0.0
-    return out
+    return scheme_phases(scheme, s, link)
 
 
 def scheme_phases(label: str, s: Setting, link: cm.Link) -> dict[str, float]:
-    """``compensate``, ``select``, ``update`` and ``exchange`` seconds of one step of ``label``.
-
-    The link is a host's: ranks of one host share it, so with ``W / hosts`` ranks a host the bandwidth of each
-    rank's share of the exchange is the link's over that many (the inter-host collectives carry every rank's
-    bytes across the host's one link)."""
-    per_host = s.world // s.hosts
-    link = cm.Link(latency=link.latency, bandwidth=link.bandwidth / per_host)
-    if label in ("powersgd", "oktopk"):
-        return peer_phases(label, s, link)
-    scheme, wire = ("dense", s.dense_wire) if label == BASELINE else \
-        ("dense", "float32") if label == "dense" else (label, "float32" if label == "gtopk" else s.sparse_wire)
-    return cm.predict(scheme, s.n, s.density, s.world, link, s.rates, shared_cores=s.shared_cores, wire=wire)
+    """``compensate``, ``select``, ``update`` (``fixed`` where the rate table has it) and ``exchange`` seconds of
+    one step of ``label``; ``link`` is each host's NIC (its ranks reach each other over ``s.intra``)."""
+    return {**_compute(label, s), "exchange": _exchange(label, s, link, s.intra)}
 
 
 def model_bytes(label: str, s: Setting) -> float:
     """The bytes one rank sends per step of ``label`` by the byte model: the exchange's bandwidth term
     (the exchange at 1 byte/s less the exchange with no bandwidth cost) at one rank a host."""
-    one = Setting(**{**_setting_fields(s), "hosts": s.world})
-    slow = scheme_phases(label, one, cm.Link(latency=0.0, bandwidth=1.0))["exchange"]
-    free = scheme_phases(label, one, cm.Link(latency=0.0, bandwidth=math.inf))["exchange"]
+    one = Setting(**{**_setting_fields(s), "hosts": s.world, "hierarchical": False})
+    slow = _exchange(label, one, cm.Link(latency=0.0, bandwidth=1.0), None)
+    free = _exchange(label, one, cm.Link(latency=0.0, bandwidth=math.inf), None)
     return slow - free
 
 
@@ -163,14 +271,14 @@ def exchange_time(label: str, s: Setting, link: cm.Link, phases: dict[str, float
     ph = scheme_phases(label, s, link) if phases is None else phases
     if s.world == 1 or (label not in s.bytes_sent and not s.burst):
         return ph["exchange"]
-    free = scheme_phases(label, s, cm.Link(latency=link.latency, bandwidth=math.inf))["exchange"]
-    wire = ph["exchange"] - free  # seconds the bytes take at the rank's share of the link
+    intra = None if s.intra is None else cm.Link(latency=s.intra.latency, bandwidth=math.inf)
+    free = _exchange(label, s, cm.Link(latency=link.latency, bandwidth=math.inf), intra)
+    wire = ph["exchange"] - free  # seconds the bytes take on the links
     measured, modelled = s.bytes_sent.get(label), model_bytes(label, s)
     if measured is not None and modelled > 0:
         wire *= measured / modelled
-    if s.burst:
-        rate = link.bandwidth / (s.world // s.hosts)  # a rank's share of its host's link, bytes/s
-        wire = max(0.0, wire - min(s.burst / (s.world // s.hosts), s.compute * rate) / rate)
+    if s.burst and s.hosts > 1:  # a host's bucket, refilled at its NIC's rate
+        wire = max(0.0, wire - min(s.burst, s.compute * link.bandwidth) / link.bandwidth)
     return free + wire
 
 
@@ -205,7 +313,8 @@ def advise(s: Setting, link: cm.Link, labels: Sequence[str] = ADVISE_SCHEMES) ->
     for label in labels:
         st = step_time(label, s, link)
         steps = steps_to_target(label, s)
-        rows.append({"scheme": label, **{f"{k}_seconds": v for k, v in st.items()}, "steps_to_target": steps,
+        rows.append({"scheme": label, "exchange_model": exchange_model(label, s), "nic_bytes": nic_bytes(label, s),
+                     **{f"{k}_seconds": v for k, v in st.items()}, "steps_to_target": steps,
                      "time_to_target": None if steps is None else st["step"] * steps})
     reached = [r for r in rows if r["time_to_target"] is not None]
     winner = min(reached, key=lambda r: r["time_to_target"])["scheme"] if reached else None
@@ -309,6 +418,7 @@ def _setting_dict(s: Setting) -> dict[str, Any]:
 
     out = asdict(s)
     out["rates"] = cm.rates_dict(s.rates)
+    out["rates_per_call"] = dict(s.rates.per_call)
     return out
 
 
@@ -318,18 +428,31 @@ def format_advice(res: dict[str, Any]) -> str:
 
     ms = lambda v: f"{1e3 * v:,.1f}"  # noqa: E731
     base = next((r["time_to_target"] for r in res["rows"] if r["scheme"] == BASELINE), None) or 1.0
-    cols = [Column("scheme", "scheme", "{}", "<"), Column("step_seconds", "step ms", ms),
+    s = res["setting"]
+    for r in res["rows"]:
+        r.setdefault("exchange_model", "flat")
+    cols = [Column("scheme", "scheme", "{}", "<"), Column("exchange_model", "exchange", "{}", "<"),
+            Column("step_seconds", "step ms", ms),
             Column("compute_seconds", "compute ms", ms), Column("overhead_seconds", "scheme compute ms", ms),
             Column("exchange_seconds", "exchange ms", ms), Column("hidden_seconds", "hidden ms", ms),
             Column("steps_to_target", "steps to target", lambda v: "not reached" if v is None else f"{v:g}"),
             Column("time_to_target", "time to target", lambda v: "-" if v is None else
                    (f"{v:,.2f} s" if res["steps_assumed"] is False else f"{v / base:.3f}x {BASELINE}'s"))]
-    s = res["setting"]
-    title = (f"advise: n={s['n']:,}, W={s['world']} on {s['hosts']} hosts, link {_gbit(res['bandwidth'])}, "
-             f"compute {1e3 * s['compute']:.1f} ms, density {s['density']}, overlap hides "
+    G = s["world"] // s["hosts"]
+    title = (f"advise: n={s['n']:,}, W={s['world']} on {s['hosts']} hosts ({G} a host), NIC "
+             f"{_gbit(res['bandwidth'])}" + (f", intra-host {_gbit(s['intra']['bandwidth'])}" if s.get("intra") else "")
+             + f", compute {1e3 * s['compute']:.1f} ms, density {s['density']}, overlap hides "
              f"{100 * s['hidden_share']:.0f}% (at most {100 * s['window']:.0f}% of compute); {BASELINE}: dense, "
              f"{s['dense_wire']} wire, overlapped")
     lines = [format_rows(res["rows"], cols, title=title)]
+    lines.append("exchange models: " + "; ".join(f"{m}: {', '.join(v)}" for m, v in _by_model(res["rows"]).items())
+                 + f" ({EXCHANGE_NOTES[s.get('dense_exchange', 'mpi')]}; {G} consecutive ranks a host"
+                 + (", the bytes that cross each NIC counted)" if G > 1 else ")"))
+    if res.get("rates_from"):
+        lines.append(f"scheme compute: rate table {res['rates_from']}"
+                     + (", with its fixed cost per step" if any(s.get("step_fixed", {}).values()) else "")
+                     + (f" (replaced by the measured overheads of {res['overhead_from']})"
+                        if s.get("overheads") else ""))
     if res["steps_assumed"]:
         lines.append("steps to target: not given (--tta); every scheme assumed to need as many steps as dense")
     lines.append(f"winner: {res['winner']}" + _ties_note(res))
@@ -337,6 +460,19 @@ def format_advice(res: dict[str, Any]) -> str:
     lines.append("crossover: " + ("none (a sparse scheme wins on every link)" if c is None else
                                   f"dense ({BASELINE} or float32, the faster) wins above {_gbit(c)}"))
     return "\n".join(lines)
+
+
+#: what the exchange-models line says about the dense ways' model
+EXCHANGE_NOTES = {"mpi": "dense as this library's MPI exchange runs it",
+                  "nccl": "dense as NCCL runs it: reduce-scatter in the node, the shards across nodes, allgather in "
+                          "the node"}
+
+
+def _by_model(rows: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        out.setdefault(r["exchange_model"], []).append(r["scheme"])
+    return out
 
 
 def _ties_note(res: dict[str, Any]) -> str:
@@ -349,4 +485,6 @@ def _ties_note(res: dict[str, Any]) -> str:
 
 def _gbit(bandwidth: float) -> str:
     bits = 8 * bandwidth
+    if bits >= 1e12:
+        return f"{bits / 1e9:,.0f} Gbit/s"
     return f"{bits / 1e9:.3g} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:.3g} Mbit/s"

@@ -265,6 +265,20 @@ def overhead_turns_from(path: str) -> dict[str, tuple[float, ...]]:
             if k in ADVISE_SCHEMES}
 
 
+def check_measured_matches(measured: dict[str, Any], *, world: int, hierarchical: bool) -> None:
+    """ValueError (one line) when an ``advise-steps`` result to validate against ran another setting than the
+    advice: another W, or flat against two-level collectives (a file without the ``hierarchical`` field ran
+    flat)."""
+    w = measured.get("world_size")
+    if w is not None and int(w) != world:
+        raise ValueError(f"--measured ran on W = {w}; the advice is for W = {world}")
+    ran = bool(measured.get("hierarchical", False))
+    if ran != hierarchical:
+        raise ValueError(f"--measured ran {'two-level (--hierarchical)' if ran else 'flat'} collectives; the advice "
+                         f"models {'two-level' if hierarchical else 'flat'} ones: "
+                         + ("add" if ran else "drop") + " --hierarchical")
+
+
 def load_steps(path: str) -> dict[str, Any]:
     """An ``advise-steps --json`` result; a file that is not one (not JSON, no rows naming their ``scheme``, no
     ``compute`` way) is a ValueError naming it."""

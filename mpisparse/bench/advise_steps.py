@@ -43,9 +43,10 @@ def plan_ways(schemes: Sequence[str], dense_wire: str) -> list[tuple[str, str | 
 
 def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch: int, iters: int, warmup: int,
               dense_wire: str = "float16", bucket_cap_mb: float = 25.0, seed: int = 0, steps_per_turn: int = 1,
-              progress=None) -> dict[str, Any]:
+              progress=None, device: str = "cpu") -> dict[str, Any]:
     """The slowest rank's median step of each way (``iters`` timed turns after ``warmup``); ``hidden_share``:
-    ``(dense-16 - dense-opt) / (dense-16 - compute)``."""
+    ``(dense-16 - dense-opt) / (dense-16 - compute)``.  ``device`` ``cuda``: the nets, batches and exchanges on
+    each rank's GPU, the device synchronised before a step's clock starts and before it stops."""
     if steps_per_turn < 1:
         raise ValueError(f"steps per turn {steps_per_turn}; it must be >= 1")
     settle = steps_per_turn // 2  # untimed steps at the start of each turn
@@ -55,25 +56,32 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
 
     from .overlap import _bytes, _way
 
+    from ..mpi.device import torch_device, torch_synchronizer
+    from ..mpi.hierarchy import HierarchicalCommunicator
+
     load_before = os.getloadavg()
+    dev = torch_device(device, comm) if device != "cpu" else None
+    sync = (torch_synchronizer(dev) if dev is not None else None) or (lambda: None)
 
     ways = {}
     for label, scheme, opts, overlap in plan_ways(schemes, dense_wire):
         ways[label] = (scheme, opts, overlap) + _way(comm, model, scheme=scheme, density=density, options=opts,
                                                      overlap=overlap, batch=batch, bucket_cap_mb=bucket_cap_mb,
-                                                     seed=seed)
+                                                     seed=seed, device=dev)
     times: dict[str, list[float]] = {k: [] for k in ways}
     sent = {k: 0 for k in ways}
     for it in range(warmup + iters):
         for label, (_, _, _, net, x, y, opt) in ways.items():
             turn = []
             for j in range(steps_per_turn):
+                sync()
                 comm.barrier()
                 b0 = _bytes(opt)
                 t0 = time.perf_counter()
                 opt.zero_grad()
                 torch.nn.functional.cross_entropy(net(x), y).backward()
                 opt.step()
+                sync()
                 if it >= warmup and j >= settle:
                     turn.append(time.perf_counter() - t0)
                     sent[label] += _bytes(opt) - b0
@@ -101,6 +109,7 @@ def run_steps(comm, *, model: str, schemes: Sequence[str], density: float, batch
     hidden = hidden_share_from({"rows": rows, "hidden_share": min(1.0, max(0.0, hidden))})  # paired by turn
     return {"command": "advise steps", "model": model, "density": density, "batch": batch, "iters": iters,
             "warmup": warmup, "steps_per_turn": steps_per_turn, "world_size": comm.size, "dense_wire": dense_wire,
+            "device": device, "hierarchical": isinstance(comm, HierarchicalCommunicator),
             "seed": seed, "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
             "compute_seconds": by["compute"], "hidden_share": min(1.0, max(0.0, hidden)), "rows": rows}
 

@@ -54,11 +54,11 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-__all__ = ["Link", "Rates", "SCHEMES", "crossover", "fit_link", "loaded_rates", "measure_rates", "parse_rate",
+__all__ = ["KERNELS", "Link", "Rates", "SCHEMES", "compute_phases", "crossover", "fit_link", "loaded_rates", "measure_rates", "parse_rate",
            "predict", "rates_from_times", "sharing", "slowest", "total", "value_bytes"]
 
 #: schemes the model covers
@@ -82,10 +82,16 @@ class Link:
             raise ValueError(f"link bandwidth is {self.bandwidth} B/s; it must be > 0")
 
 
+#: the kernels a :class:`Rates` holds a rate of (seconds per element), in its fields' order
+KERNELS = ("stream", "topk", "fused", "scatter", "segmented", "pick", "merge")
+
+
 @dataclass(frozen=True)
 class Rates:
-    """Seconds per element of the compute kernels on one core (:func:`measure_rates`: alone, or as several
-    processes at once)."""
+    """Seconds per element of the compute kernels on one core or one device (:func:`measure_rates`: alone, or
+    as several processes at once; :mod:`mpisparse.bench.rates`: a table per device), and the fixed seconds of
+    one call of each (``per_call``: launches, the read back that sizes a result, the host's work around the
+    call; what a GPU pays whatever the size, about nothing on a CPU).  :meth:`cost` is a kernel's time."""
 
     stream: float  # one pass reading two vectors and writing one (e += g, out *= s)
     topk: float  # exact top-k of a compensated vector (whole vector, density 0.001-0.01)
@@ -94,6 +100,24 @@ class Rates:
     segmented: float  # DEFT's pass over a rank's own layers: e += g, the norms, each layer's candidate search
     pick: float = 0.0  # per selected element: the exact pick among the candidates and the values' gather
     merge: float = 0.0  # gTop-k: per entry of the two k-sets one round merges (union, sum, top k)
+    #: kernel name -> fixed seconds of one call (a kernel not named: 0)
+    per_call: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        bad = sorted(set(self.per_call) - set(KERNELS))
+        if bad:
+            raise ValueError(f"per-call costs of {bad}: not kernels; allowed: {', '.join(KERNELS)}")
+        for name in KERNELS:
+            for what, v in ((name, getattr(self, name)), (f"{name} per call", self.per_call.get(name, 0.0))):
+                if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                    raise ValueError(f"rate {what} = {v!r}; it must be a finite number of seconds >= 0")
+
+    def cost(self, kernel: str, elements: float, calls: float = 1.0) -> float:
+        """Seconds of ``calls`` calls of ``kernel`` over ``elements`` elements in all: the per-element rate
+        times the elements plus the fixed cost of each call (none when there is nothing to do)."""
+        if elements <= 0 or calls <= 0:
+            return 0.0
+        return getattr(self, kernel) * elements + self.per_call.get(kernel, 0.0) * calls
 
 
 def parse_rate(text: str) -> float:
@@ -175,32 +199,48 @@ def predict(scheme: str, n: int, density: float, world: int, link: Link, rates: 
     k = max(1, int(density * n))
     lg = _log2(W)
     stretch = sharing(W, shared_cores)[1]
-    fused, stream = rates.fused, rates.stream
+    comp = compute_phases(scheme, n, density, W, rates, imbalance=imbalance)
     if scheme == "dense":
-        comp = {"compensate": 0.0, "select": 0.0, "update": stream * n}
         m = vb * n
         comm = 2 * lg * a + 2 * (W - 1) / W * m * b
     elif scheme == "topk":
-        comp = {"compensate": fused * n, "select": rates.pick * k, "update": rates.scatter * min(n, W * k)}
         comm = 3 * lg * a + (W - 1) * k * (_INDEX_BYTES + vb) * b
-    elif scheme == "cltk":  # the leader's pass and pick: the others wait for them in the Bcast
-        comp = {"compensate": fused * n, "select": rates.pick * k, "update": rates.scatter * k}
+    elif scheme == "cltk":
         comm = _bcast(k * _INDEX_BYTES, W, a, b) + 2 * lg * a + 2 * (W - 1) / W * k * vb * b
     elif scheme == "deft":
-        frac = min(1.0, imbalance / W)
-        comp = {"compensate": stream * n * (1 - frac) + rates.segmented * n * frac, "select": rates.pick * k * frac,
-                "update": rates.scatter * k}
         from ..schemes.deft import PACK_COST  # "size": every rank packs the same bins once, no Bcast
         comm = ((lg * a if PACK_COST == "eq3" else 0.0)  # the leader's bins (an int32 per layer: a short Bcast)
                 + 2 * lg * a + (W - 1) / W * k * _INDEX_BYTES * b  # counts, then the indices (Allgatherv)
                 + 2 * lg * a + 2 * (W - 1) / W * k * vb * b)  # the values (Allreduce)
     else:  # gtopk
-        comp = {"compensate": fused * n, "select": rates.pick * k + rates.merge * 2 * k * lg,
-                "update": rates.scatter * k}
         comm = lg * (2 * a + k * (_INDEX_BYTES + vb) * b)  # each round: a sendrecv, both ways at once
     out = {p: v * stretch for p, v in comp.items()}
     out["exchange"] = comm if W > 1 else 0.0
     return out
+
+
+def compute_phases(scheme: str, n: int, density: float, world: int, rates: Rates, *,
+                   imbalance: float = 1.1) -> dict[str, float]:
+    """Seconds of ``compensate``, ``select`` and ``update`` of one step of ``scheme`` on one rank of ``world``
+    at ``rates`` (each kernel's per-element rate and its fixed cost per call, :meth:`Rates.cost`), with a core
+    or a device of its own: the compute half of :func:`predict`, which depends on no link."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme {scheme!r} is not in the cost model; allowed: {', '.join(SCHEMES)}")
+    W, c = int(world), rates.cost
+    k = max(1, int(density * n))
+    lg = _log2(W)
+    if scheme == "dense":
+        return {"compensate": 0.0, "select": 0.0, "update": c("stream", n)}
+    if scheme == "topk":
+        return {"compensate": c("fused", n), "select": c("pick", k), "update": c("scatter", min(n, W * k))}
+    if scheme == "cltk":  # the leader's pass and pick: the others wait for them in the Bcast
+        return {"compensate": c("fused", n), "select": c("pick", k), "update": c("scatter", k)}
+    if scheme == "deft":
+        frac = min(1.0, imbalance / W)
+        return {"compensate": c("stream", n * (1 - frac)) + c("segmented", n * frac), "select": c("pick", k * frac),
+                "update": c("scatter", k)}
+    return {"compensate": c("fused", n), "select": c("pick", k) + c("merge", 2 * k * lg, calls=lg),  # gtopk
+            "update": c("scatter", k)}
 
 
 def value_bytes(wire: str) -> int:
@@ -491,4 +531,5 @@ def loaded_rates(alone: Rates, at_once: Rates, floor: float) -> Rates:
 
 
 def rates_dict(r: Rates) -> dict[str, float]:
-    return asdict(r)
+    """The per-element rates of ``r`` by kernel (its fixed costs per call: ``r.per_call``)."""
+    return {name: getattr(r, name) for name in KERNELS}

@@ -45,6 +45,7 @@ from typing import Sequence
 from . import bench_tables, cluster_tables, reproduce_tables, train_tables  # noqa: F401
 from . import advisor_table  # noqa: F401
 from . import tta_table  # noqa: F401
+from . import advisor_gpu_table  # noqa: F401
 from .bench_tables import STEP_OUTPUTS
 from .cli_reference import generate_cli, subcommands
 from .cluster_tables import _cost_model_render  # noqa: F401  (tests/test_costmodel.py)
