@@ -79,7 +79,7 @@ TABLE = Table(
     about=("`mpisparse advise` with several ranks a host (`--ranks-per-host 2`): each exchange modelled as the code "
            "runs it (flat: the bytes that really cross each host's NIC; two-level: `--hierarchical`), against every "
            "scheme's training step measured by `advise-steps` on 2 emulated hosts of 2 ranks at three link rates. "
-           "Its inputs and the comparison as in [advisor.md](advisor.md) (paired by turn, the sign test, ties)."),
+           "Its inputs and the comparison as in [advisor.md](../advisor.md) (paired by turn, the sign test, ties)."),
     runs=_runs,
     render=_render,
     unavailable=lambda: _emucluster_unavailable(),
