@@ -121,6 +121,96 @@ def test_ddp_with_the_hook_keeps_ranks_identical_and_dense_equals_ddps_own_allre
         assert not np.allclose(gloo[f"ddp/{sparse}"][0], builtin[0]), sparse  # sparsified: another trajectory
 
 
+def _rounded(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 ``x`` rounded to torch's ``dtype`` (bfloat16, float16) and back, as a bucket holds it."""
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(getattr(torch, dtype)).float().numpy()
+
+
+def _hook_steps(gloo, case: str):
+    """(step, bucket, every rank's bucket input, every rank's bucket output) of a DDP hook case."""
+    for t in range(3):
+        for b in gloo[f"hook/{case}/buckets/{t}"]:
+            yield t, int(b), gloo[f"hook/{case}/in/{t}/{b}"], gloo[f"hook/{case}/out/{t}/{b}"]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case, dtype", [("bf16/dense", "bfloat16"), ("fp16/dense", "float16"),
+                                         ("bf16/dense/wire16", "bfloat16")])
+def test_the_hook_averages_16_bit_buckets_in_float32_and_rounds_once(runs, case, dtype):
+    """A bfloat16 (float16) model under DDP: each bucket's mean is NumPy's float32 mean of every rank's
+    widened gradient, rounded to the bucket's dtype once (with a float16 wire: the wire's mean, then
+    rounded); the ranks' parameters are equal, and equal to a torch replica stepped with the mean."""
+    gloo, _ = runs
+    buckets = set()
+    for t, b, given, got in _hook_steps(gloo, case):
+        buckets.add(b)
+        mean = _wire_mean(given, "float16") if case.endswith("wire16") else given.sum(0) * np.float32(0.5)
+        want = _rounded(mean, dtype)
+        assert np.array_equal(got[0], want) and np.array_equal(got[1], want), (case, t, b)
+        assert not np.array_equal(given[0], given[1])  # the ranks' gradients differ: the mean is not either one
+    assert len(buckets) >= 2, "the test model should span several buckets"
+    params, start = gloo[f"hook/{case}/params"], gloo[f"hook/{case}/start"]
+    assert np.array_equal(params[0], params[1]), f"{case}: ranks differ"
+    if f"hook/{case}/ref" in gloo:
+        ref = gloo[f"hook/{case}/ref"]
+        eps = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11  # the dtype's relative rounding
+        np.testing.assert_allclose(params[0], ref, rtol=2 * eps, atol=1e-6)
+        assert np.abs(ref - start).max() > 10 * eps * np.abs(start).max()  # it trained: more than the tolerance
+
+
+@pytest.mark.mpi
+def test_the_hook_runs_topk_on_bfloat16_buckets_with_float32_error_feedback(runs):
+    """topk on a bfloat16 model: per rank, acc = residual + widened gradient; the entries sent are a top-k of
+    |acc| (ties may go either way), the residual keeps acc's other entries exactly in float32, and the bucket
+    gets the mean of what the ranks sent, rounded to bfloat16 once."""
+    gloo, _ = runs
+    case, previous = "bf16/topk", {}
+    in_float32_only = 0
+    for t, b, given, got in _hook_steps(gloo, case):
+        res, sid = gloo[f"hook/{case}/res/{t}/{b}"], int(gloo[f"hook/{case}/sid/{t}/{b}"][0])
+        before = previous.get(b, (None, np.zeros_like(given)))
+        acc = (before[1] if before[0] == sid else np.zeros_like(given)) + given
+        n = given.shape[1]
+        k = max(1, min(n, round(0.1 * n)))
+        sent = np.zeros_like(acc)
+        for r in range(2):
+            chosen = (res[r] == 0) & (acc[r] != 0)
+            assert np.array_equal(res[r][~chosen], acc[r][~chosen]), (t, b, r)  # kept exactly, float32
+            assert chosen.sum() <= k
+            others = np.abs(acc[r][~chosen])
+            if chosen.sum() < k:
+                assert not others.any()
+            else:
+                assert np.abs(acc[r][chosen]).min() >= others.max(), (t, b, r)
+            sent[r][chosen] = acc[r][chosen]
+        in_float32_only += int(np.count_nonzero(_rounded(res, "bfloat16") != res))
+        want = _rounded(sent.sum(0) * np.float32(0.5), "bfloat16")
+        assert np.array_equal(got[0], want) and np.array_equal(got[1], want), (t, b)
+        previous[b] = (sid, res)
+    assert in_float32_only > 0, "the residual should hold values a bfloat16 bucket cannot (kept in float32)"
+    params = gloo[f"hook/{case}/params"]
+    assert np.array_equal(params[0], params[1]) and not np.array_equal(params[0], gloo[f"hook/{case}/start"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("scheme", ["dense", "topk"])
+def test_the_overlapped_hook_gives_the_synchronous_ones_parameters_bit_for_bit(runs, scheme):
+    gloo, _ = runs
+    over, sync = gloo[f"hook/f32/{scheme}/overlap/params"], gloo[f"hook/f32/{scheme}/sync/params"]
+    assert np.array_equal(over, sync) and np.array_equal(over[0], over[1])
+    assert not np.array_equal(over[0], gloo[f"hook/f32/{scheme}/sync/start"])
+
+
+@pytest.mark.mpi
+def test_an_exception_in_the_exchange_thread_is_raised_by_backward(runs):
+    """Planted in every rank's bucket step at the third step: backward() raises, naming the bucket and the
+    exception (the job ends instead of hanging); the hook state keeps the original exception."""
+    gloo, _ = runs
+    message = str(gloo["hook/failing/message"][0])
+    assert "mpisparse DDP hook: bucket" in message and "ValueError: planted in the exchange" in message, message
+    assert str(gloo["hook/failing/recorded"][0]) == "ValueError"
+
+
 def test_the_hook_refuses_a_parameter_server_scheme_and_needs_an_initialised_group():
     from mpisparse.runtimes import schemes_of
     from mpisparse.torch.dist import TorchDistCommunicator, comm_hook
@@ -139,6 +229,8 @@ def test_the_hook_refuses_a_parameter_server_scheme_and_needs_an_initialised_gro
         comm_hook("topk", wire_dtype="int8")
     with pytest.raises(ValueError, match="allowed range"):
         comm_hook("topk", density=0)
+    with pytest.raises(ValueError, match="overlap is 'yes'; allowed: True or False"):
+        comm_hook("dense", overlap="yes")
     with pytest.raises(RuntimeError, match="init_process_group"):
         TorchDistCommunicator()
 

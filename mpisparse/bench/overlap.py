@@ -7,20 +7,26 @@ one run:
 
 * ``compute``: forward, backward and the local optimizer step, no exchange
   (the floor: what the step would cost if the exchange were free);
-* ``plain``: the exchange of the whole fusion buffer after backward
-  (``overlap=False``);
+* ``plain``: the exchange of the whole fusion buffer once backward's
+  gradients are all in (``overlap=False``);
 * ``overlap``: buckets exchanged from gradient hooks while backward runs
-  (``overlap=True``, :mod:`mpisparse.torch.overlap`).
+  (``overlap=True``, :mod:`mpisparse.torch.overlap`);
+* with ``ddp`` (``--ddp``): the same net under torch DDP with mpisparse's
+  communication hook, exchanged in backward and overlapped, and DDP's own
+  allreduce (:mod:`mpisparse.bench.overlap_ddp`).
 
-The three ways take turns step by step (a change of the machine's load
-falls on all three alike). A step is timed from a barrier to the end of
-``step()``; each rank's median over the timed steps, the slowest rank's
-reported. ``hidden`` is the share
-of the exchange's cost that overlapping removed:
-``(plain - overlap) / (plain - compute)``.
+The ways take turns step by step (a change of the machine's load falls on
+all of them alike). A step is timed from a barrier to the end of
+``step()``: ``zero_grad``, forward, backward (which holds the exchange where
+it runs at the end of backward, as the optimizer's callback and DDP run it)
+and ``step()``; each rank's median over the timed steps, the slowest rank's
+reported. ``hidden`` is the share of the exchange's cost that overlapping
+removed: ``(plain - overlap) / (plain - compute)``.
 
 The library's own cost is measured in the same run (``library_*`` fields):
-the ``plain`` way's ``step()`` split into the scheme's own ``Scheme.step``
+the ``plain`` way's exchange and step (``library_opt_step``: its
+``synchronize()``, which runs at the end of backward or else inside
+``step()``, plus ``step()``) split into the scheme's own ``Scheme.step``
 (compensate, select, exchange), the 4-byte agreements on skipping (mostly
 a wait for the slowest rank) and the rest -- what
 :class:`~mpisparse.torch.DistributedOptimizer` adds: the gather into the
@@ -71,20 +77,35 @@ def _way(comm, model: str, *, scheme: str | None, density: float, options: dict[
 
 
 def time_ways(comm, model: str, *, scheme: str, density: float, options: dict[str, Any], batch: int, iters: int,
-              warmup: int, bucket_cap_mb: float, seed: int, device=None) -> dict[str, Any]:
-    """This rank's median step time of each way (``compute``, ``plain``, ``overlap``), the ways taking turns
-    step by step so that a change of the machine's load falls on all three alike."""
+              warmup: int, bucket_cap_mb: float, seed: int, device=None, ddp: bool = False) -> dict[str, Any]:
+    """This rank's median step time of each way (``compute``, ``plain``, ``overlap``; with ``ddp`` also the
+    DDP ways of :mod:`mpisparse.bench.overlap_ddp`), the ways taking turns step by step so that a change of
+    the machine's load falls on all of them alike."""
     import torch
 
     ways = {name: _way(comm, model, scheme=s, density=density, options=options, overlap=name == "overlap",
                        batch=batch, bucket_cap_mb=bucket_cap_mb, seed=seed, device=device)
             for name, s in (("compute", None), ("plain", scheme), ("overlap", scheme))}
+    sent_by = {name: (lambda o=w[3]: _bytes(o)) for name, w in ways.items()}
+    if ddp:
+        from .overlap_ddp import ddp_ways
+
+        extra = ddp_ways(comm, lambda: _way(comm, model, scheme=None, density=density, options=options,
+                                            overlap=False, batch=batch, bucket_cap_mb=bucket_cap_mb, seed=seed,
+                                            device=device),
+                         scheme=scheme, density=density, options=options, bucket_cap_mb=bucket_cap_mb, seed=seed,
+                         device=device)
+        ways.update({name: (w.net, w.x, w.y, w.opt) for name, w in extra.items()})
+        sent_by.update({name: w.sent for name, w in extra.items()})
     on_gpu = device is not None and device.type == "cuda"
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)
     times: dict[str, list[float]] = {name: [] for name in ways}
     sent = {name: 0 for name in ways}
     plain = ways["plain"][3]
     scheme_sw, wait_sw = _Stopwatch(plain.scheme, "step"), _Stopwatch(plain, "_all_finite")
+    # the exchange may run in backward (the optimizer's end-of-backward callback calls synchronize()): the
+    # library's time is synchronize() during backward plus step()
+    sync_sw = _Stopwatch(plain, "synchronize")
     if on_gpu:
         src = torch.ones(plain.layout.n, dtype=torch.float32, device=device)
         dst = torch.zeros_like(src)
@@ -98,13 +119,14 @@ def time_ways(comm, model: str, *, scheme: str, density: float, options: dict[st
         for name, (net, x, y, opt) in ways.items():
             sync()
             comm.barrier()
-            b0 = _bytes(opt)
+            b0 = sent_by[name]()
+            scheme_sw.seconds = wait_sw.seconds = sync_sw.seconds = 0.0
             t0 = time.perf_counter()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(net(x), y).backward()
-            scheme_sw.seconds = wait_sw.seconds = 0.0
             sync()
             t1 = time.perf_counter()
+            in_backward = sync_sw.seconds  # the exchange inside backward (0 when step() runs it)
             opt.step()
             sync()
             t2 = time.perf_counter()
@@ -114,9 +136,9 @@ def time_ways(comm, model: str, *, scheme: str, density: float, options: dict[st
                 t3 = time.perf_counter()
             if it >= warmup:
                 times[name].append(t2 - t0)
-                sent[name] += _bytes(opt) - b0
+                sent[name] += sent_by[name]() - b0
                 if name == "plain":
-                    lib["opt_step"].append(t2 - t1)
+                    lib["opt_step"].append(in_backward + t2 - t1)
                     lib["scheme"].append(scheme_sw.seconds)
                     lib["wait"].append(wait_sw.seconds)
                 elif name == "compute":
@@ -126,9 +148,14 @@ def time_ways(comm, model: str, *, scheme: str, density: float, options: dict[st
     facts = {name: statistics.median(t) for name, t in times.items()}
     own = [s - a - w for s, a, w in zip(lib["opt_step"], lib["scheme"], lib["wait"])]
     facts.update({f"library_{k}": statistics.median(v) for k, v in lib.items()}, library=statistics.median(own))
-    facts.update({f"{name}_bytes": sent[name] / iters for name in ("plain", "overlap")})
+    facts.update({f"{name}_bytes": sent[name] / iters for name in ("plain", "overlap", "ddp_overlap")
+                  if name in sent})
     facts.update(buckets=len(over.buckets), started_in_backward=over.started_in_backward)
-    over.close()
+    for name in ("plain", "overlap"):
+        ways[name][3].close()  # the optimizer's gradient hooks removed, the overlap's thread stopped
+    if ddp:
+        for w in extra.values():
+            w.close()
     return facts
 
 
@@ -159,15 +186,17 @@ def _bytes(opt) -> int:
 
 def run_overlap(comm, *, model: str, schemes: list[tuple[str, dict[str, Any]]], density: float, batch: int,
                 iters: int, warmup: int, bucket_cap_mb: float, seed: int, progress=None,
-                device: str = "cpu") -> dict[str, Any]:
-    """Every scheme's three ways; the same on every rank (the slowest rank's medians)."""
+                device: str = "cpu", ddp: bool = False) -> dict[str, Any]:
+    """Every scheme's three ways (with ``ddp`` also the DDP ways); the same on every rank (the slowest rank's
+    medians)."""
     from ..mpi.device import torch_device
+    from .overlap_ddp import ddp_row
 
     dev = torch_device(device, comm)
     rows = []
     for name, opts in schemes:
         facts = time_ways(comm, model, scheme=name, density=density, options=opts, batch=batch, iters=iters,
-                          warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed, device=dev)
+                          warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed, device=dev, ddp=ddp)
         everyone = comm.allgather_obj(facts)
         compute, plain, over = (max(f[w] for f in everyone) for w in ("compute", "plain", "overlap"))
         exchange = plain - compute
@@ -178,12 +207,16 @@ def run_overlap(comm, *, model: str, schemes: list[tuple[str, dict[str, Any]]], 
                      "overlap_ms": over * 1e3, "speedup": plain / over if over > 0 else None,
                      "hidden": (plain - over) / exchange if exchange > 0 else None,
                      "buckets": facts["buckets"],
-                     **_library_row(everyone),
+                     **_library_row(everyone), **(ddp_row(everyone, compute) if ddp else {}),
                      "started_in_backward_per_step": facts["started_in_backward"] / (warmup + iters)})
         if progress is not None:
             progress(name)
+    if ddp:
+        from .overlap_ddp import stop
+
+        stop()
     return {"command": "bench overlap", "model": model, "device": device, "density": density, "batch": batch,
-            "iters": iters,
+            "iters": iters, "ddp": ddp,
             "warmup": warmup, "bucket_cap_mb": bucket_cap_mb, "world_size": comm.size, "seed": seed,
             "rows": rows}
 
@@ -203,16 +236,16 @@ def format_library(res: dict[str, Any]) -> str:
     from ..results.tables import Column, format_rows
 
     rows = [r for r in res["rows"] if "library_ms" in r]
-    cols = [Column("scheme", "scheme", "{}", "<"), Column("library_opt_step_ms", "step() (ms)", "{:.1f}"),
+    cols = [Column("scheme", "scheme", "{}", "<"), Column("library_opt_step_ms", "exchange + step() (ms)", "{:.1f}"),
             Column("library_scheme_ms", "scheme's own (ms)", "{:.1f}"),
             Column("library_wait_ms", "agreement wait (ms)", "{:.1f}"),
             Column("library_ms", "library + optimizer (ms)", "{:.1f}"),
             Column("library_local_step_ms", "local optimizer step (ms)", "{:.1f}"),
             Column("library_copy_ms", "one gradient copy (ms)", "{:.1f}"),
             Column("library_copies", "library in copies", "{:.1f}")]
-    title = ("library cost (exchange after backward): step() less the scheme's own step and the skip agreement, "
-             "beside a local optimizer step and one gradient copy; 'library in copies' = (library + optimizer "
-             "- local step) / copy")
+    title = ("library cost (exchange after backward): synchronize() and step() less the scheme's own step and "
+             "the skip agreement, beside a local optimizer step and one gradient copy; 'library in copies' = "
+             "(library + optimizer - local step) / copy")
     return format_rows(rows, cols, title=title)
 
 
@@ -233,4 +266,8 @@ def format_overlap(res: dict[str, Any]) -> str:
              f"W={res['world_size']}, density "
              f"{res['density']}, bucket cap {res['bucket_cap_mb']} MB, median of {res['iters']} steps (slowest rank)")
     text = format_rows(rows, cols, title=title)
+    if any("ddp_sync_ms" in r for r in res["rows"]):
+        from .overlap_ddp import format_ddp
+
+        text += "\n\n" + format_ddp(res)
     return text + "\n\n" + format_library(res) if any("library_ms" in r for r in res["rows"]) else text

@@ -149,8 +149,9 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
 # --------------------------------------------------------------------------- overlap
 @bench.command("overlap", cls=SectionedCommand)
 @mpi_options
-@click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18"]), default="resnet18", show_default=True,
-              help="The net trained (CIFAR-shaped random batches, each rank its own).")
+@click.option("--model", type=click.Choice(["mlp", "cnn", "resnet18", "gpt"]), default="resnet18", show_default=True,
+              help="The net trained (each rank its own random batches: CIFAR-shaped images; gpt: windows of random "
+                   "tokens, its default size).")
 @click.option("--scheme", "schemes", type=click.Choice(OVERLAP_SCHEMES), multiple=True,
               default=("dense",), show_default=True,
               help="Repeatable. Schemes that run bucket by bucket: dense, topk with --layerwise, threshold with "
@@ -164,11 +165,16 @@ def bench_step(nprocs, timeout, model, schemes, density, iters, warmup, seed, de
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the net and the batches.")
 @click.option("--device", type=click.Choice(DEVICES), default="cpu", show_default=True,
               help="cuda: the net, the batches and the exchange on each rank's GPU (by local rank); needs CuPy.")
+@click.option("--ddp", is_flag=True,
+              help="Also DDP over torch.distributed (gloo; NCCL too with cuda) started from the MPI ranks: its "
+                   "buckets through mpisparse's hook exchanged in backward and overlapped, and DDP's own allreduce "
+                   "(dense); the hook's hidden share beside the library's. Across hosts rank 0's MASTER_ADDR, if "
+                   "set, is the address the others connect to.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="Write the rows (and provenance) to this file.")
 @scheme_options(OVERLAP_SCHEMES)
 def bench_overlap(nprocs, timeout, model, schemes, density, batch, iters, warmup, bucket_cap_mb, seed, device,
-                  json_path, **scheme_opts) -> None:
+                  json_path, ddp=False, **scheme_opts) -> None:
     """Step time with the exchange after backward vs overlapped with it (gradient hooks), side by side."""
     from ..torch.overlap import overlap_refusal
 
@@ -191,7 +197,7 @@ def bench_overlap(nprocs, timeout, model, schemes, density, batch, iters, warmup
     say = (lambda name: click.echo(f"{name}: done", err=True)) if comm.rank == 0 else None
     res = run_overlap(comm, model=model, schemes=[(s, per_scheme[s]) for s in schemes], density=density,
                       batch=batch, iters=iters, warmup=warmup, bucket_cap_mb=bucket_cap_mb, seed=seed, progress=say,
-                      device=device)
+                      device=device, ddp=ddp)
     prov = gather_provenance(comm)
     if comm.rank == 0:
         click.echo(format_overlap(res))

@@ -17,6 +17,13 @@ instance per bucket, with the bucket's parameters as its fusion layout, so
 error feedback, DGC momentum and the other per-step state stay with their
 bucket.  DDP rebuilds its buckets once after the first iteration; a bucket
 whose layout changed gets a fresh scheme (its residual restarts from zero).
+A bfloat16 or float16 bucket (a 16-bit model, or DDP's mixed precision) is
+widened to float32 with torch (NumPy takes no bfloat16 through DLPack), so the
+scheme computes and keeps its error feedback in float32; the mean is rounded
+back into the bucket's dtype once.  The hook overlaps: it queues the bucket on
+the state's exchange thread and returns a future at once, so backward goes on
+while buckets are exchanged (:class:`HookState`; ``overlap=False`` exchanges
+inside the hook).
 
 The schemes talk to :class:`TorchDistCommunicator`, which offers the
 subset of :class:`mpisparse.mpi.comm.Communicator` the data-parallel schemes use
@@ -46,7 +53,7 @@ from .. import backend
 from ..mpi.comm import CallStats, Communicator, check_dtype
 from ..backend.fusion import FusionLayout
 
-__all__ = ["HookState", "TorchDistCommunicator", "comm_hook"]
+__all__ = ["BUCKET_DTYPES", "HookState", "TorchDistCommunicator", "comm_hook", "init_process_group_from_mpi"]
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -244,11 +251,28 @@ class TorchDistCommunicator:
         dist.barrier(group=self.group)
 
 
+#: the bucket dtypes the hook takes: float32 as it is, the 16-bit ones widened to float32 for the scheme
+BUCKET_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
 class HookState:
-    """What :func:`comm_hook`'s hook keeps between calls: one scheme per DDP bucket."""
+    """What :func:`comm_hook`'s hook keeps between calls: one scheme per DDP bucket, and with ``overlap``
+    the exchange thread and its process group.
+
+    ``overlap=True`` (the default): the hook hands each bucket to one thread and returns a future at once,
+    so backward goes on while buckets are exchanged; DDP waits for the futures at the end of backward.  The
+    thread takes buckets first in, first out (DDP calls the hook in bucket order on every rank, so every rank
+    issues the same collectives in the same order) and talks over a process group of its own, a copy of
+    ``group`` made with ``torch.distributed.new_group`` (at construction when the default group exists,
+    else at the first bucket: every rank at the same point), so that a collective the script or DDP makes
+    meanwhile on another group cannot interleave with a bucket's.  An exception in the thread fails that
+    bucket's future (``backward()`` raises it) and every later bucket's: the ranks' exchanges are no longer
+    known to be in step.  ``overlap=False``: the exchange runs inside the hook, on ``group`` itself, and the
+    future is returned completed (backward waits for each bucket).
+    """
 
     def __init__(self, scheme: str, density: float, *, memory: bool = True, seed: int = 0, group: Any = None,
-                 **options: Any):
+                 overlap: bool = True, **options: Any):
         from ..registry import SCHEMES, scheme_class, validate_density
 
         cls = scheme_class(scheme)  # an unknown name fails here, before training starts
@@ -259,17 +283,35 @@ class HookState:
         # a bad density or option (a wire_dtype the scheme does not take) is one line here, not at the first bucket
         validate_density(density)
         cls.validate_options(dict(options))
+        if not isinstance(overlap, bool):
+            raise ValueError(f"overlap is {overlap!r}; allowed: True or False")
         self.scheme, self.density, self.memory, self.seed = scheme, float(density), bool(memory), int(seed)
         self.options = dict(options)
         self.group = group
+        self.overlap = overlap
         self._comm: TorchDistCommunicator | None = None
+        self._own_group: Any = None
+        self._thread: Any = None  # the exchange thread (a one-worker executor: first in, first out)
+        self.failure: BaseException | None = None  # the first exception of the exchange thread
         self.schemes: dict[int, Any] = {}
+        self._wide: dict[int, torch.Tensor] = {}  # per 16-bit bucket: its float32 copy, reused
         self.steps = 0
+        if overlap and dist.is_available() and dist.is_initialized():
+            self._open_group()
+
+    def _open_group(self) -> None:
+        """The exchange thread's process group: a copy of ``group`` (every rank of the default group calls
+        ``new_group`` here, at the same point)."""
+        if self._own_group is None:
+            ranks = None if self.group is None else dist.get_process_group_ranks(self.group)
+            self._own_group = dist.new_group(ranks=ranks)
 
     @property
     def comm(self) -> TorchDistCommunicator:
         if self._comm is None:
-            self._comm = TorchDistCommunicator(self.group)
+            if self.overlap:
+                self._open_group()
+            self._comm = TorchDistCommunicator(self._own_group if self.overlap else self.group)
         return self._comm
 
     def scheme_for(self, index: int, layout: FusionLayout):
@@ -284,38 +326,123 @@ class HookState:
             self.schemes[index] = sch
         return sch
 
+    @torch.no_grad()
+    def exchange(self, index: int, layout: FusionLayout, buf: torch.Tensor, last: bool) -> None:
+        """Bucket ``index``'s mean over ranks written into ``buf`` (its own dtype): a float32 bucket in place
+        (the scheme's array views it through DLPack), a 16-bit one through its float32 copy, so that the
+        scheme computes and keeps its error feedback in float32 and the mean is rounded once, on the way back."""
+        sch = self.scheme_for(index, layout)
+        if buf.dtype == torch.float32:
+            vec = backend.as_array(buf.detach())
+            sch.step(vec, out=vec)  # vec views the bucket: the mean is written into it, no output vector
+        else:
+            wide = self._wide.get(index)
+            if wide is None or wide.numel() != buf.numel() or wide.device != buf.device:
+                wide = self._wide[index] = torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)
+            wide.copy_(buf.detach().reshape(-1))  # widened with torch: NumPy takes no bfloat16 through DLPack
+            vec = backend.as_array(wide)
+            sch.step(vec, out=vec)
+            buf.copy_(wide.view(buf.shape))
+        if buf.is_cuda:  # the future completes when the mean is in the bucket, not when it is queued
+            torch.cuda.current_stream(buf.device).synchronize()
+        if last:
+            self.steps += 1
+
+    def submit(self, index: int, layout: FusionLayout, buf: torch.Tensor, last: bool,
+               fut: torch.futures.Future) -> None:
+        """Queue bucket ``index`` on the exchange thread, which completes ``fut`` with ``buf`` (or fails it)."""
+        if self._thread is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpisparse-ddp-hook")
+        self._thread.submit(self._run, index, layout, buf, last, fut)
+
+    def _run(self, index: int, layout: FusionLayout, buf: torch.Tensor, last: bool,
+             fut: torch.futures.Future) -> None:
+        try:
+            if self.failure is not None:
+                raise RuntimeError(f"not started: an earlier bucket's exchange failed "
+                                   f"({type(self.failure).__name__}: {self.failure}), the ranks may be out of step")
+            self.exchange(index, layout, buf, last)
+        except BaseException as exc:  # reaches the script through the future: backward() raises it
+            if self.failure is None:
+                self.failure = exc
+            # DDP's reducer reads a failed Python future as a value it cannot cast ("Unable to cast [...] to
+            # Tensor"): the message names the bucket and the exception; ``state.failure`` keeps the traceback
+            fut.set_exception(RuntimeError(f"[mpisparse DDP hook: bucket {index}'s exchange failed: "
+                                           f"{type(exc).__name__}: {exc}]"))
+        else:
+            fut.set_result(buf)
+
+    def close(self) -> None:
+        """Stop the exchange thread (after the buckets queued) and destroy its process group."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+        if self._own_group is not None and dist.is_initialized():
+            dist.destroy_process_group(self._own_group)
+        self._own_group = self._comm = None
+
 
 def _bucket_layout(bucket) -> FusionLayout:
     return FusionLayout([(f"p{i}", tuple(p.shape)) for i, p in enumerate(bucket.parameters())])
 
 
 def sparse_hook(state, bucket):  # unannotated: DDP compares annotations literally
-    """The DDP communication hook: the bucket's gradients through the scheme, their mean over ranks back."""
+    """The DDP communication hook: the bucket's gradients through the scheme, their mean over ranks back
+    (in the bucket's dtype), exchanged on the hook state's thread (``overlap``) or here."""
     buf = bucket.buffer()
     layout = _bucket_layout(bucket)
     if layout.n != buf.numel():
         raise RuntimeError(f"DDP bucket {bucket.index()} holds {buf.numel()} values but its parameters have "
                            f"{layout.n}: a bucket with unused parameters is not supported (find_unused_parameters)")
-    sch = state.scheme_for(bucket.index(), layout)
-    vec = backend.as_array(buf.detach())
-    if vec.dtype != np.float32:
-        raise TypeError(f"the schemes exchange float32 gradients; bucket {bucket.index()} is {vec.dtype}")
-    sch.step(vec, out=vec)  # vec views the bucket (DLPack): the mean is written into it, no output vector
-    if bucket.is_last():
-        state.steps += 1
+    if buf.dtype not in BUCKET_DTYPES:
+        raise TypeError(f"DDP bucket {bucket.index()} is {buf.dtype}; allowed: float32, bfloat16, float16 "
+                        "(the 16-bit ones exchanged in float32)")
     fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(buf)
+    if state.overlap:
+        state.submit(bucket.index(), layout, buf, bucket.is_last(), fut)
+    else:
+        state.exchange(bucket.index(), layout, buf, bucket.is_last())
+        fut.set_result(buf)
     return fut
 
 
 def comm_hook(scheme: str = "dense", density: float = 0.01, *, memory: bool = True, seed: int = 0,
-              group: Any = None, **scheme_options: Any) -> tuple[HookState, Any]:
+              group: Any = None, overlap: bool = True, **scheme_options: Any) -> tuple[HookState, Any]:
     """``(state, hook)`` for ``DistributedDataParallel.register_comm_hook(state, hook)``.
 
     ``scheme`` is any data-parallel scheme (the registry's schemes of runtime ``collective``: ``topk``,
     ``cltk``, ``deft``, ``gtopk``, ``oktopk``, ``dgc``, ``powersgd``, ``randomk``, ``threshold``, ``dct``,
     ``dense``) with its ``density`` and options, ``wire_dtype="float16"`` or ``"bfloat16"`` included, as
     ``mpisparse train`` takes them; a bad name, density or option is a ValueError here.  A scheme that
-    applies momentum itself (``dgc``) needs an optimizer without momentum.
+    applies momentum itself (``dgc``) needs an optimizer without momentum.  Buckets may be float32,
+    bfloat16 or float16 (a 16-bit model, or DDP's mixed precision): the scheme works in float32.
+    ``overlap`` (default True): buckets exchanged on a thread of the hook state while backward goes on
+    (:class:`HookState`); False: inside the hook, backward waiting for each.  ``state.close()`` stops the
+    thread and destroys its process group.
     """
-    return HookState(scheme, density, memory=memory, seed=seed, group=group, **scheme_options), sparse_hook
+    return (HookState(scheme, density, memory=memory, seed=seed, group=group, overlap=overlap, **scheme_options),
+            sparse_hook)
+
+
+def init_process_group_from_mpi(comm, backend_name: str = "gloo", timeout: Any = None) -> None:
+    """Start ``torch.distributed`` over the ranks of an MPI communicator ``comm`` (same ranks, same size):
+    rank 0 picks a free TCP port and broadcasts it through MPI; the address is ``MASTER_ADDR`` where rank 0
+    has it set, else 127.0.0.1 when every rank is on rank 0's host, else rank 0's host name."""
+    import os
+    import socket
+    from datetime import timedelta
+
+    host = socket.gethostname()
+    hosts = comm.allgather_obj(host)
+    where = None
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        addr = os.environ.get("MASTER_ADDR") or ("127.0.0.1" if all(h == host for h in hosts) else host)
+        where = f"tcp://{addr}:{port}"
+    where = comm.bcast_obj(where, 0)
+    dist.init_process_group(backend_name, init_method=where, rank=comm.rank, world_size=comm.size,
+                            timeout=timeout if timeout is not None else timedelta(minutes=10))
