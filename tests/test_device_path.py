@@ -210,11 +210,12 @@ def expected_staging_d2h(key: str, rank: int, world: int, step: int, calls: dict
     if key == "powersgd":
         return 3  # Allreduces of the dense layers (the models' biases), of every P, of every Q
     if key == "oktopk":
-        # split: Alltoallv of indices and of values; balance (only when a rank's kept count differs from its
-        # equal block: the data decide, never at W = 1): two more; Allgatherv of indices and of values
-        # (its boundaries, counts and bisection rounds are host Allreduces of a few numbers)
-        assert calls["alltoallv"] in ((2,) if world == 1 else (2, 4)) and calls["allgatherv"] == 2, calls
-        return calls["alltoallv"] + calls["allgatherv"]
+        # split: one Alltoallv of (index, value) pairs; balance (only when a rank holds over 1/8 more than an
+        # equal block: the data decide, never at W = 1): one more; the gather: one Allgatherv of pairs (the
+        # probe counts' Allgatherv between estimations, the boundaries, counts and search rounds are host arrays)
+        assert calls["alltoallv"] in ((1,) if world == 1 else (1, 2)), calls
+        assert calls["allgatherv"] in ((1,) if world == 1 else (1, 2)), calls
+        return calls["alltoallv"] + 1
     if key == "cltk":
         return 1 + (rank == step % world)  # the leader's index Bcast, then the values' Allreduce
     if key == "gtopk":
