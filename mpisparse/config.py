@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from .registry import SchemeBase, scheme_class, validate_density
 
-__all__ = ["BenchConfig", "CLI_ONLY_OPTIONS", "ConfigMismatch", "DATASETS", "LM_DATASETS", "LM_MODELS", "MPConfig",
+__all__ = ["AMP_MODES", "BenchConfig", "CLI_ONLY_OPTIONS", "ConfigMismatch", "DATASETS", "LM_DATASETS", "LM_MODELS", "MPConfig",
            "OPTION_FIELDS", "PER_RANK_FIELDS", "RESUME_FREE_FIELDS", "TRAIN_MODELS", "TrainConfig", "check_agreement",
            "config_differences", "default_data", "flat_fields"]
 
@@ -36,6 +36,8 @@ LM_DATASETS = ("text", "pydoc")
 GPT_SIZE_DEFAULTS = {"gpt_layers": 2, "gpt_width": 64, "gpt_heads": 4, "gpt_context": 64}
 #: where a data-parallel step runs (``--device``): host memory, or each rank's GPU
 DEVICES = ("cpu", "cuda")
+#: ``--amp``: mixed precision of the forward and backward passes (autocast; ``fp16`` with a loss scaler)
+AMP_MODES = ("none", "bf16", "fp16")
 
 
 # --------------------------------------------------------------------------- field checks
@@ -205,6 +207,9 @@ class TrainConfig:
     gpt_context: int = GPT_SIZE_DEFAULTS["gpt_context"]
     #: ``--steps-per-epoch``: each epoch takes at most this many of a rank's batches (0: all of its shard)
     steps_per_epoch: int = 0
+    #: ``--amp``: ``none``, or autocast to ``bf16`` / ``fp16`` (fp16 with a GradScaler, its state checkpointed);
+    #: data-parallel schemes; the parameters, the scheme and its error feedback stay float32
+    amp: str = "none"
 
     def __post_init__(self) -> None:
         if self.data is None:
@@ -224,6 +229,7 @@ class TrainConfig:
         _choice("--model", self.model, TRAIN_MODELS)
         _choice("--data", self.data, DATASETS)
         _choice("--device", self.device, DEVICES)
+        _choice("--amp", self.amp, AMP_MODES)
         if (self.model in LM_MODELS) != (self.data in LM_DATASETS):
             raise ValueError(f"--model {self.model} does not fit --data {self.data}: the language models "
                              f"({', '.join(LM_MODELS)}) train on --data {' or '.join(LM_DATASETS)}, the classifiers "
@@ -257,9 +263,9 @@ class TrainConfig:
         _overlap(cls, self.overlap, self.scheme_options)
         if self.overlap and self.hierarchical:
             raise ValueError("--overlap exchanges over a plain communicator; --hierarchical is not allowed with it")
-        if self.overlap and self.checkpoint and cls.name != "dense":
-            raise ValueError(f"--overlap with --checkpoint: the buckets' error feedback of scheme {cls.name!r} is "
-                             "not checkpointed; allowed: --overlap with dense, or no --checkpoint")
+        if self.amp != "none" and (getattr(cls, "runtime", None) != "collective" or self.mp is not None):
+            raise ValueError(f"--amp {self.amp} applies to data-parallel schemes; scheme {cls.name!r}"
+                             f"{' in a pipeline' if self.mp is not None else ''} trains in float32: drop --amp")
         if self.mp is not None:
             self.mp.validate()
             if self.trace is not None:

@@ -35,6 +35,9 @@ ONE_PROCESS_MPI = True
     ({"scheme": "dct-mp"}, "it needs --mp-stages S with S >= 2, got 1"),
     ({"mp": MPConfig(stages=2, dp_density=2.0)}, "--dp-density 2.0 is not in the allowed range (0, 1]"),
     ({"mp": MPConfig(stages=1, micro_batches=2)}, "--micro-batches only apply to pipeline runs"),
+    ({"amp": "fp8"}, "--amp is 'fp8'; allowed values are none, bf16, fp16"),
+    ({"amp": "bf16", "scheme": "slimdp"}, "--amp bf16 applies to data-parallel schemes; scheme 'slimdp' trains"),
+    ({"amp": "fp16", "mp": MPConfig(stages=2)}, "--amp fp16 applies to data-parallel schemes; scheme 'dense' in a pipeline"),
 ])
 def test_train_config_names_the_bad_value(kw, message):
     with pytest.raises(ValueError) as e:
@@ -58,6 +61,30 @@ def test_bad_gpt_sizes_are_one_line_before_mpi(args, message):
     r = CliRunner().invoke(cli, ["train", "--model", "gpt", *args])
     assert r.exit_code == 2 and message in r.output, r.output
     assert len([line for line in r.output.splitlines() if line.startswith("Error")]) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--amp", "fp8"], "Invalid value for '--amp': 'fp8' is not one of 'none', 'bf16', 'fp16'"),
+    (["--amp", "fp16", "--scheme", "asgd"], "--amp fp16 applies to data-parallel schemes; scheme 'asgd'"),
+])
+def test_bad_amp_is_one_line_before_mpi(args, message):
+    r = CliRunner().invoke(cli, ["train", *args])
+    assert r.exit_code == 2 and message in r.output, r.output
+    assert len([line for line in r.output.splitlines() if line.startswith("Error")]) == 1
+
+
+def test_amp_a_device_cannot_run_is_named(monkeypatch):
+    """``--amp`` is tried on the device: a torch whose autocast does not give the 16-bit dtype is refused."""
+    torch = pytest.importorskip("torch")
+    from contextlib import nullcontext
+
+    from mpisparse.mpi.device import check_amp_usable
+
+    check_amp_usable("cpu", "bf16"), check_amp_usable("cpu", "fp16"), check_amp_usable("cpu", "none")
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: nullcontext())  # autocast that does nothing
+    with pytest.raises(ValueError, match=r"--amp fp16 is not usable on --device cpu with this torch .*autocast "
+                                         r"gives torch.float32\); allowed: --amp bf16 or none"):
+        check_amp_usable("cpu", "fp16")
 
 
 def test_validate_fills_the_option_defaults_and_checks_the_world():

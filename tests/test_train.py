@@ -95,6 +95,21 @@ def test_resume_equals_uninterrupted_run(tmp_path, topk_run):
         for k in ("epoch", "iteration", "train_loss", "test_loss", "test_accuracy"))
 
 
+def test_amp_and_overlap_resume_equals_uninterrupted_run(tmp_path):
+    """--amp fp16 (the GradScaler's state) and --overlap (each bucket's error feedback) are checkpointed: a run
+    resumed after its first epoch ends as the uninterrupted one, for dense and topk --layerwise."""
+    args = ["--amp", "fp16", "--overlap", "--scheme", "dense", "--scheme", "topk", "--layerwise",
+            "--density", "0.05", "--steps-per-epoch", "6"]
+    _, full = train(tmp_path, "full", *args, "--epochs", "2")
+    train(tmp_path, "part", *args, "--epochs", "1", "--checkpoint", str(tmp_path / "ck"))
+    _, resumed = train(tmp_path, "resumed", *args, "--epochs", "2", "--checkpoint", str(tmp_path / "ck"), "--resume")
+    assert [r["scheme"] for r in resumed] == ["dense", "topk"]
+    for a, b in zip(full, resumed):
+        assert a["config"]["amp"] == "fp16" and a["config"]["overlap"] is True
+        assert [e["train_loss"] for e in a["metrics"]["per_epoch"]] == [e["train_loss"] for e in b["metrics"]["per_epoch"]]
+        assert a["metrics"]["final"]["test_loss"] == b["metrics"]["final"]["test_loss"], a["scheme"]
+
+
 def test_kill_during_training_then_resume_equals_uninterrupted(tmp_path):
     """SIGKILL the whole job as soon as a checkpoint exists; the resumed run ends identically."""
     ck = tmp_path / "ck"
@@ -193,7 +208,7 @@ def test_train_option_errors():
 
     from mpisparse.cli import cli
 
-    for args, msg in ((["--model", "lstm"], "does not fit --data digits"),
+    for args, msg in ((["--model", "lstm", "--data", "digits"], "does not fit --data digits"),
                       (["--data", "cifar10"], "--data cifar10 needs --data-dir"),
                       (["--resume"], "--resume needs --checkpoint"),
                       (["--lr", "0"], "0.0 is not in the range x>0"),

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import click
 
-from ..config import DATASETS, DEVICES, TRAIN_MODELS, MPConfig, TrainConfig
-from ..mpi.device import check_device_usable
+from ..config import AMP_MODES, DATASETS, DEVICES, TRAIN_MODELS, MPConfig, TrainConfig
+from ..mpi.device import check_amp_usable, check_device_usable
 from ..mpi.launch import under_mpi_launcher, under_torchrun
 from ..registry import SCHEMES
 from ..results.trace import trace_path
@@ -60,7 +60,7 @@ def _split_after(text: str | None) -> list[str]:
               help="The lstm's sequence length (gpt's is --gpt-context).")
 @gpt_size_options
 @click.option("--clip", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Clip the local gradient norm before exchange (0: off).")
+              help="Clip the gradient norm to this before the optimizer step (0: off): the aggregate's norm, after the exchange (DDP's contract).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--launcher", type=click.Choice(["auto", "mpi", "torchrun"]), default="auto", show_default=True,
               help="How the ranks talk: mpi (mpiexec, srun, -n), or torchrun (torch.distributed: gloo, or NCCL with "
@@ -87,6 +87,10 @@ def _split_after(text: str | None) -> list[str]:
               help="Exchange bucket by bucket while backward runs (gradient hooks; dense, layerwise topk, "
                    "threshold with a fixed threshold): the optimized dense baseline is dense with --overlap and "
                    "a 16-bit --wire-dtype.")
+@click.option("--amp", type=click.Choice(AMP_MODES), default="none", show_default=True,
+              help="Mixed precision: forward and backward under autocast to bfloat16 or float16 (fp16 with a "
+                   "GradScaler: a step whose scaled gradient overflows on any rank is skipped on every rank); "
+                   "parameters, the scheme and its error feedback stay float32 (data-parallel schemes).")
 @click.option("--max-skipped-steps", type=click.IntRange(min=0), default=100, show_default=True,
               help="Stop with an error after this many consecutive skipped steps (non-finite gradient or "
                    "update; 0: never).")
@@ -109,7 +113,7 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
           checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
           cuda_aware=None, hierarchical=False, trace=None, progress_interval=10.0, no_progress=False,
           launcher="auto", overlap=False, max_restarts=0, min_ranks=None, gpt_layers=2, gpt_width=64, gpt_heads=4,
-          gpt_context=64, steps_per_epoch=0, **scheme_opts) -> None:
+          gpt_context=64, steps_per_epoch=0, amp="none", **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
     With --mp-stages S the model is split into S pipeline stages; --scheme
@@ -140,11 +144,12 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           max_skipped_steps=max_skipped_steps, device=device, overlap=overlap,
                           trace=trace_path(trace, s, len(schemes) > 1), gpt_layers=gpt_layers, gpt_width=gpt_width,
                           gpt_heads=gpt_heads, gpt_context=gpt_context,
-                          steps_per_epoch=steps_per_epoch)
+                          steps_per_epoch=steps_per_epoch, amp=amp)
         cfgs.append(validated(cfg, nprocs))
     data = cfgs[0].data  # --data, or the model's default
     _check_data_dir(data, data_dir)
     usage(check_device_usable, device, need_torch=True)
+    usage(check_amp_usable, device, amp)
     if not (resume or overwrite_checkpoint):
         _refuse_existing_checkpoints(cfgs)
     usage_restarts(max_restarts, min_ranks, nprocs, checkpoint_dir, launcher)

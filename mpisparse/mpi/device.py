@@ -278,6 +278,29 @@ def check_device_usable(device: str, *, need_torch: bool) -> None:
         raise ValueError(f"--device {device} is not usable here: {why}; use --device cpu")
 
 
+def check_amp_usable(device: str, amp: str) -> None:
+    """ValueError (one line) when ``--amp`` cannot run on ``device`` here: autocast must produce the 16-bit
+    dtype (tried on a small matmul: a build whose autocast lacks it falls back to float32 silently)."""
+    if amp == "none":
+        return
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
+    if device == "cuda" and amp == "bf16" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"--amp bf16 is not usable on this GPU ({torch.cuda.get_device_name()}: no bfloat16); "
+                         "allowed here: --amp fp16 or none")
+    try:
+        x = torch.ones(2, 2, device=device)
+        with torch.autocast(device, dtype=dtype):
+            got = (x @ x).dtype
+    except (RuntimeError, ValueError) as e:
+        got = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if got != dtype:
+        other = [m for m in ("bf16", "fp16") if m != amp]
+        raise ValueError(f"--amp {amp} is not usable on --device {device} with this torch ({torch.__version__}: "
+                         f"autocast gives {got}); allowed: --amp {other[0]} or none")
+
+
 def array_module_for(device: str, comm=None):
     """The array module of a run on ``device``: NumPy for ``cpu``, CuPy for ``cuda``.
 

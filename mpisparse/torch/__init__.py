@@ -37,7 +37,8 @@ taken before it; the optimizer's own state, e.g. momentum, is not) and
 counted as skipped: parameters never become non-finite.  Momentum
 therefore acts on the aggregated update (as in Alg. 1 of DEFT and of ScaleCom); a scheme that brings its own momentum
 (``provides_momentum``, e.g. DGC's correction) requires an optimizer without
-momentum.
+momentum. A local-update scheme (``localsgd``) leaves each rank's own gradient in ``.grad`` and
+synchronizes the parameters after the optimizer's step (:mod:`mpisparse.torch.params`).
 
 Device residency: the fusion buffer is a torch tensor on the model's device
 (the gradients are copied into it with torch ops, never through the host),
@@ -77,7 +78,9 @@ from ..backend.fusion import FusionLayout
 from ..backend.pages import settle
 from ..schemes import create
 from ..results.timing import PhaseTimer
+from .guard import OverflowGuard
 from .overlap import _gather, _is_view
+from .params import NO_SYNC, ParameterSync
 
 
 from .api import (Average, Compression, Max, Min, Sum, allgather, allgather_object, allreduce,  # noqa: E402
@@ -107,7 +110,7 @@ def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-class _DistributedMixin:
+class _DistributedMixin(OverflowGuard):
     """The exchange added to a torch optimizer's class by :func:`DistributedOptimizer`.
 
     An instance shares ``param_groups``, ``state`` and ``defaults`` with the
@@ -178,6 +181,7 @@ class _DistributedMixin:
             from .overlap import default_overlap
 
             overlap = default_overlap(self.comm, scheme, scheme_options)
+        self._local = ParameterSync(self, model) if self.scheme.local_update else NO_SYNC  # localsgd's parameters
         if overlap:
             from .overlap import BucketExchange
 
@@ -416,66 +420,33 @@ class _DistributedMixin:
             snap = self._near_overflow()
             if snap:
                 self._snapshot_parameters()
+            self._local.before_step()
             super().step()
-            if not self._parameters_finite():
+            ok = self._parameters_finite()
+            if not ok:
                 if not snap:  # cannot happen for the optimizers the bound covers; fail loudly otherwise
-                    raise FloatingPointError("the optimizer step made a parameter non-finite although "
-                                             "its bound said it could not; parameters lost")
+                    why = ("a .grad was made non-finite after backward() (the exchanged aggregate was finite)"
+                           if not np.isfinite(backend.abs_max([p.grad for p in self.params if p.grad is not None]))
+                           else "its bound said it could not")
+                    raise FloatingPointError(f"the optimizer step made a parameter non-finite: {why}; "
+                                             "parameters lost")
                 self._restore_parameters()
                 self.skipped_steps += 1
-                return False
-        self.steps += 1
-        return True
+        self._local.after_step()  # a local-update scheme's sync: every rank at the same steps, undone or not
+        self.steps += ok
+        return ok
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._passes:  # accumulating over backward_passes_per_step: keep the local sum
             return
         super().zero_grad(set_to_none=set_to_none)
 
-    # ------------------------------------------------ non-finite results (overflow)
-    def _update_finite(self, out) -> bool:
-        """Agree over ranks (the same 4-byte Allreduce) whether the exchanged update is finite.
-
-        Finite gradients can still sum to Inf in the exchange (values near
-        3.4e38); the result is checked where it lies (``backend.array_module``)
-        and the ranks agree, so a scheme whose ranks could see different
-        results still skips on all of them together.
-        """
-        self._update_amax = backend.abs_max(out)  # one read pass, one host read
-        self._flag[0] = 0 if np.isfinite(self._update_amax) else 1
-        with self.timer.phase("wait"):
-            return self._all_finite()
-
-    def _near_overflow(self) -> bool:
-        """Whether the coming optimizer step could make a parameter non-finite (then snapshot first).
-
-        Bound: a step moves a parameter by at most ``lr * |update| / (1 -
-        momentum)`` plus weight decay (SGD), or by about ``lr`` (Adam-type);
-        with |parameter| and that move both below 1e30 (float32 ends at
-        3.4e38) no parameter can overflow, so the copy of every parameter is
-        taken only when the last known |parameter| or ``lr * max|update| *
-        1e3`` reaches 1e30.
-        """
-        scale = max(self.comm.size if self.op == "sum" else 1, 1) * self.gradient_predivide_factor
-        lr = max(float(g.get("lr", 1.0)) for g in self.param_groups)
-        return not (self._param_amax < 1e30 and lr * self._update_amax * scale * 1e3 < 1e30 and lr < 1e27)
-
-    def _snapshot_parameters(self) -> None:
-        """Keep the parameters before the optimizer's step (to restore them if it overflows)."""
-        self.snapshots += 1
-        if getattr(self, "_saved_params", None) is None:
-            self._saved_params = [torch.empty_like(p) for p in self.params]
-        torch._foreach_copy_(self._saved_params, [p.detach() for p in self.params])
-
-    def _parameters_finite(self) -> bool:
-        """Whether every parameter is finite after the step (the same on every rank: same parameters,
-        same update); records the largest |parameter| for the next step's bound."""
-        self._param_amax = backend.abs_max(self.params)  # one read pass (aminmax), one host read
-        return bool(np.isfinite(self._param_amax))
-
-    def _restore_parameters(self) -> None:
-        torch._foreach_copy_([p.detach() for p in self.params], self._saved_params)
-        self._param_amax = float("inf")
+    def selected_global(self) -> int:
+        """Distinct elements the last exchange updated, over all ranks: the scheme's count, or with overlap
+        the sum of the buckets' (each bucket's scheme covers its own span of the fusion buffer)."""
+        if self.overlap is not None:
+            return int(sum(b.scheme.selected_global() for b in self.overlap.buckets))
+        return int(self.scheme.selected_global())
 
     # ------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

@@ -154,8 +154,12 @@ class CollectiveStep(ModelStep):
             opts.setdefault("momentum", cfg.momentum)
         sgd = SGD(model.parameters(), lr=cfg.lr, momentum=0.0 if provides_momentum else cfg.momentum,
                               weight_decay=cfg.weight_decay)
+        #: ``--amp``: the autocast dtype of forward (None: float32), and fp16's loss scaler (checkpointed)
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+        self.scaler = torch.amp.GradScaler(self.dev.type) if cfg.amp == "fp16" else None
         self.dopt = DistributedOptimizer(sgd, model, cfg.scheme, cfg.density, comm=comm, timer=self.timer,
-                                         memory=cfg.memory, seed=cfg.seed, overlap=cfg.overlap, **opts)
+                                         memory=cfg.memory, seed=cfg.seed, overlap=cfg.overlap, scaler=self.scaler,
+                                         **opts)
         W, rank = comm.size, comm.rank
         if lm:
             self.test_batches = lm_batches(ds.test_x, cfg.batch_size, cfg.seq_len, rank=rank, world=W)
@@ -176,16 +180,24 @@ class CollectiveStep(ModelStep):
     def train_batch(self, b, batch) -> StepOutcome:
         x, y = batch
         x, y = x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
-        loss = self.forward(b, x, y)
-        with self.timer.phase("backward"):
+        with torch.autocast(self.dev.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None):
+            loss = self.forward(b, x, y)
+        scaler = self.scaler
+        with self.timer.phase("backward"):  # the exchange runs at its end (DDP's contract; timed in its phases)
             self.dopt.zero_grad()
-            loss.backward()
-            if self.cfg.clip > 0:
+            (loss if scaler is None else scaler.scale(loss)).backward()
+            if self.cfg.clip > 0:  # the aggregate's norm, the same on every rank
+                if scaler is not None:
+                    scaler.unscale_(self.dopt)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
         staged = dict(self.comm.staging)
-        stepped = self.dopt.step()
+        if scaler is None:
+            stepped = self.dopt.step()
+        else:  # skips a step whose aggregate is not finite (NaN on every rank alike), backs off, grows
+            stepped = bool(scaler.step(self.dopt))
+            scaler.update()
         self.staging.append({k: self.comm.staging[k] - staged[k] for k in staged})
-        selected = self.dopt.scheme.selected_global() if stepped else None
+        selected = self.dopt.selected_global() if stepped else None
         return StepOutcome(loss.item(), stepped, None if selected is None else selected / self.dopt.layout.n,
                            selected)
 
@@ -202,18 +214,36 @@ class CollectiveStep(ModelStep):
 
     def state(self):
         dopt = self.dopt
+        state = dopt.state_dict()
         common = {"model": self.model.state_dict(),
-                  "optimizer": {k: v for k, v in dopt.state_dict().items() if k != "scheme"},
+                  "optimizer": {k: v for k, v in state.items() if k not in ("scheme", "buckets")},
                   "iteration": dopt.scheme.iteration}
-        return common, {"scheme": dopt.scheme.state_dict(), "torch_rng": torch.get_rng_state()}
+        if self.scaler is not None:  # the same on every rank (the ranks skip and back off alike)
+            common["scaler"] = self.scaler.state_dict()
+        mine = {"scheme": state["scheme"], "torch_rng": torch.get_rng_state()}
+        if "buckets" in state:  # --overlap: each bucket's scheme state (its error feedback), this rank's own
+            mine["buckets"] = state["buckets"]
+        if dopt.scheme.local_update:  # localsgd: between syncs each rank's parameters and optimizer state are its own
+            mine["local"] = {"model": self.model.state_dict(), "optimizer": common["optimizer"]}
+        return common, mine
 
     def load_state(self, common, mine) -> None:
-        self.model.load_state_dict(common["model"])
-        self.dopt.load_state_dict(common["optimizer"], scheme_state=False)
+        local = (mine or {}).get("local")  # localsgd at the saved world size; at another, old rank 0's (common)
+        self.model.load_state_dict((local or common)["model"])
+        self.dopt.load_state_dict((local or common)["optimizer"], scheme_state=False)
+        if self.scaler is not None and "scaler" in common:
+            self.scaler.load_state_dict(common["scaler"])
         if mine is not None and "scheme" in mine:  # this rank's, or redistributed at another world size
             self.dopt.scheme.load_state_dict(mine["scheme"])
         else:  # reset: a scheme state that cannot be redistributed
             self.dopt.scheme.iteration = int(common["iteration"])
+        buckets = self.dopt.overlap.buckets if self.dopt.overlap is not None else []
+        saved = (mine or {}).get("buckets")
+        for i, bucket in enumerate(buckets):  # at another world size the buckets restart (not redistributed)
+            if saved is not None and len(saved) == len(buckets):
+                bucket.scheme.load_state_dict(saved[i])
+            else:
+                bucket.scheme.iteration = int(common["iteration"])
         if mine is not None and "torch_rng" in mine:  # at the saved world size
             torch.set_rng_state(mine["torch_rng"])
 
