@@ -147,6 +147,9 @@ def check_bench(cfg: BenchConfig, world: int | None = None) -> None:
     _check_trace(cfg)
     rt = runtime_of(cfg.scheme)
     rt.refuse_bench(cfg.scheme)
+    if getattr(scheme_class(cfg.scheme), "local_update", False):
+        raise ValueError(f"scheme {cfg.scheme!r} {scheme_class(cfg.scheme).local_refusal}; bench step, exchange "
+                         "and scaling time gradients only")
     if cfg.separate_wait and (cfg.hierarchical or rt.name != "collective"):
         raise ValueError(f"--separate-wait times the wait before flat collectives: it applies to the "
                          f"data-parallel schemes without --hierarchical, not to {cfg.scheme!r}"

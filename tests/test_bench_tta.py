@@ -44,11 +44,15 @@ def _check_rows(res: dict, labels: list[str]) -> None:
 def test_quick_form_on_two_ranks(tmp_path):
     j = tmp_path / "tta.json"
     p = mpi_run(2, ["bench", "tta", "--quick", "--scheme", BASELINE, "--scheme", "dense", "--scheme", "topk",
-                    "--no-progress", "--json", str(j)], module=True, env={"MPISPARSE_QUICK": "1"}, timeout=180)
+                    "--scheme", "localsgd", "--local-steps", "4", "--no-progress", "--json", str(j)], module=True,
+                env={"MPISPARSE_QUICK": "1"}, timeout=180)
     assert "steps to target" in p.stdout and "compute is this machine's CPU" in p.stdout
     res = json.loads(j.read_text())
     assert res["world_size"] == 2 and res["model"] == "mlp" and res["provenance"]["world_size"] == 2
-    _check_rows(res, [BASELINE, "dense", "topk"])
+    _check_rows(res, [BASELINE, "dense", "topk", "localsgd"])
+    dense, local = res["rows"][1], res["rows"][3]  # evaluated every 4 steps: right after each sync
+    assert local["options"] == {"local_steps": 4} and local["density"] == 0.25  # one step in 4 communicates
+    assert local["bytes_per_step"] < dense["bytes_per_step"] / 3  # a parameter Allreduce every 4 steps, and flags
 
 
 @pytest.mark.mpi

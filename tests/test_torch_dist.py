@@ -217,11 +217,14 @@ def test_the_hook_refuses_a_parameter_server_scheme_and_needs_an_initialised_gro
 
     with pytest.raises(ValueError, match="not a data-parallel") as err:
         comm_hook("dgs")
-    # the refusal names every scheme the hook accepts (from the registry), one line
-    assert str(err.value).endswith("a DDP hook can run " + ", ".join(schemes_of("collective")))
+    # the refusal names every scheme the hook accepts (from the registry: the gradient exchanges), one line
+    hooked = [s for s in schemes_of("collective") if s != "localsgd"]
+    assert str(err.value).endswith("a DDP hook can run " + ", ".join(hooked))
     assert "oktopk" in str(err.value) and "powersgd" in str(err.value) and "\n" not in str(err.value)
-    for name in schemes_of("collective"):
+    for name in hooked:
         comm_hook(name)  # accepted without a process group (it is needed at the first bucket only)
+    with pytest.raises(ValueError, match="scheme 'localsgd' averages parameters .* a DDP hook can run"):
+        comm_hook("localsgd")  # a hook sees gradient buckets only
     # a bad option or density is refused up front, before any process group work
     with pytest.raises(ValueError, match="scheme 'gtopk' sends float32 values only"):
         comm_hook("gtopk", wire_dtype="float16")

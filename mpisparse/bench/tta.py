@@ -27,8 +27,11 @@ What a row holds (the JSON keys; docs/performance.md#time-to-accuracy):
   rank's clock); the string ``"not reached"`` when the budget ran out first;
 * ``final_loss`` and ``final_accuracy`` (a classifier) or
   ``final_perplexity`` (a language model): the last evaluation's;
+* ``density``: the sparse schemes' ``--density`` (1 for dense); for
+  ``localsgd`` the fraction of steps that synchronized (``1/H``, measured);
 * ``bytes_per_step``: bytes each rank sent per step (mean over steps, the
-  busiest rank), the buckets' own communicator included;
+  busiest rank), the buckets' own communicator included (``localsgd``: its
+  parameter Allreduce every ``H`` steps, averaged over the steps);
 * ``step_split``: the mean step (first step excluded: warm-up) in seconds,
   mean over ranks: ``exposed_exchange`` is the time the step spent in the
   scheme's phases (compensate, select, exchange, the finite-check
@@ -247,6 +250,8 @@ def tta_result(comm, step, res, run: Run, density: float) -> dict[str, Any]:
     last = step.curve[-1] if step.curve else {"step": 0, "seconds": 0.0, "loss": nan,
                                               **({"perplexity": nan} if step.lm else {"accuracy": nan})}
     sparse = run.scheme != "dense"
+    if step.dopt.scheme.local_update:  # localsgd: the fraction of steps that communicated (each sync sends all n)
+        density = float(res.density_actual)
     final = {f"final_{k}": v for k, v in last.items() if k in ("loss", "accuracy", "perplexity")}
     return {"label": run.label, "scheme": run.scheme, "options": dict(run.options),
             "wire_dtype": getattr(res, "wire_dtype", None) or run.options.get("wire_dtype", "float32"),

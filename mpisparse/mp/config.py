@@ -56,6 +56,8 @@ def check_mp_options(*, model: str, data: str, schemes: Sequence[str], stages: i
     dp = dp_scheme or "dense"
     if dp not in schemes_of("collective"):
         raise ValueError(f"--dp-scheme {dp} is not a data-parallel (collective) scheme")
+    if SCHEMES[dp].local_update:
+        raise ValueError(f"--dp-scheme {dp} {SCHEMES[dp].local_refusal}; a stage's replicas exchange gradients only")
     if world is not None:
         if world % stages:
             raise ValueError(f"-n {world} is not divisible by --mp-stages {stages}: hybrid runs need "

@@ -65,6 +65,9 @@ class CollectiveScheme(SchemeBase):
     provides_momentum: ClassVar[bool] = False
     #: exchanges only through Allreduce, Bcast and Allgatherv, whose two-level forms give the same result
     hierarchical: ClassVar[bool] = True
+    #: the scheme averages parameters every few steps (``localsgd``): its step returns the rank's own gradient,
+    #: and the optimizer calls its ``after_step`` with the parameters; drivers that see gradients only refuse it
+    local_update: ClassVar[bool] = False
     #: the compiled loops a host step calls (names of :data:`mpisparse.backend.compiled.KERNELS`), loaded by
     #: :meth:`warm_up` before the full-size buffers exist
     compiled_kernels: ClassVar[tuple[str, ...]] = ()

@@ -276,10 +276,12 @@ class HookState:
         from ..registry import SCHEMES, scheme_class, validate_density
 
         cls = scheme_class(scheme)  # an unknown name fails here, before training starts
-        if getattr(cls, "runtime", None) != "collective":
-            ours = sorted(n for n in SCHEMES if getattr(SCHEMES[n], "runtime", None) == "collective")
-            raise ValueError(f"scheme {scheme!r} is not a data-parallel (collective) scheme; a DDP hook can run "
-                             f"{', '.join(ours)}")
+        if getattr(cls, "runtime", None) != "collective" or getattr(cls, "local_update", False):
+            ours = sorted(n for n in SCHEMES if getattr(SCHEMES[n], "runtime", None) == "collective"
+                          and not getattr(SCHEMES[n], "local_update", False))
+            why = (cls.local_refusal if getattr(cls, "local_update", False)
+                   else "is not a data-parallel (collective) scheme")
+            raise ValueError(f"scheme {scheme!r} {why}; a DDP hook can run {', '.join(ours)}")
         # a bad density or option (a wire_dtype the scheme does not take) is one line here, not at the first bucket
         validate_density(density)
         cls.validate_options(dict(options))

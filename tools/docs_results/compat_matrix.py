@@ -60,6 +60,7 @@ AGGREGATE = {
     "gtopk": "k (global top-k of the merged sets)",
     "oktopk": "about k (global threshold; balanced regions)",
     "powersgd": "n (rank-r factors, not indices)",
+    "localsgd": "n parameters every H steps, nothing between (1/H)",
 }
 
 #: checkpoint and resume per runtime (mpisparse/train/core.py ``open_checkpoint``; mpisparse/ps/train.py
@@ -115,6 +116,8 @@ def _lacks(methods) -> list[str]:
 def torchrun_cell(cls, runtime) -> str:
     if runtime.torchrun_refusal:
         return "no"
+    if getattr(cls, "local_update", False):  # it averages parameters: the hook (gradient buckets) refuses it
+        return "torchrun: yes; DDP hook: no"
     missing = _lacks(NEEDS.get(cls.name, ()))
     if missing:
         return "no (" + ", ".join(f"no `{m}`" for m in missing) + ")"
@@ -135,6 +138,8 @@ def resume_cell(cls) -> str:
     from mpisparse.train.reshard import RECOMPUTED, WORLD_ESTIMATES
 
     cell = RESUME[cls.runtime]
+    if getattr(cls, "local_update", False):  # mpisparse/train/loop.py CollectiveStep.state, train/reshard.py
+        return "yes, each rank's parameters; another W: old rank 0's, the period and outer momentum carried"
     if cls.runtime == "collective" and not getattr(cls, "uses_memory", True):
         return "yes; another W: nothing to move"
     redone = list(RECOMPUTED.get(cls.name, ())) + list(WORLD_ESTIMATES.get(cls.name, ()))
@@ -146,6 +151,8 @@ def resume_cell(cls) -> str:
 def momentum_cell(cls) -> str:
     if getattr(cls, "provides_momentum", False):
         return "its own (momentum correction; the optimizer runs without)"
+    if getattr(cls, "local_update", False):
+        return "each rank's optimizer on its own gradient; outer Nesterov (`--outer-momentum`)"
     names = {o.name for o in cls.options}
     if "sam_momentum" in names:
         return "SAMomentum (`--sam-momentum`), lowered for asynchrony (`--async-momentum`)"
