@@ -101,8 +101,10 @@ def schemes_of(runtime: str) -> list[str]:
 
 
 def bench_schemes() -> list[str]:
-    """The registered schemes ``bench`` runs (those of the runtimes with a bench driver), sorted."""
-    return sorted(name for rt in RUNTIMES.values() if rt.bench_driver is not None for name in rt.schemes())
+    """The registered schemes ``bench`` runs (those of the runtimes with a bench driver, but a scheme that
+    averages parameters, ``local_update``: no gradient bench has parameters), sorted."""
+    return sorted(name for rt in RUNTIMES.values() if rt.bench_driver is not None for name in rt.schemes()
+                  if not getattr(SCHEMES[name], "local_update", False))
 
 
 def train_runtime(cfg: TrainConfig) -> Runtime:
