@@ -353,6 +353,7 @@ class HookState:
     def submit(self, index: int, layout: FusionLayout, buf: torch.Tensor, last: bool,
                fut: torch.futures.Future) -> None:
         """Queue bucket ``index`` on the exchange thread, which completes ``fut`` with ``buf`` (or fails it)."""
+        self._open_group()  # here, not on the thread: every rank at its first bucket, before any exchange
         if self._thread is None:
             from concurrent.futures import ThreadPoolExecutor
 
