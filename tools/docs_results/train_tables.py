@@ -212,3 +212,80 @@ _table(Table(
     runs=_mp_runs,
     render=_mp_render,
 ))
+
+
+#: (label, options) of the local-update runs: each `train -n 2` on digits with the defaults of train-digits
+LOCALSGD_RUNS = (
+    ("h8", ["--scheme", "dense", "--scheme", "localsgd"]),
+    ("h4", ["--scheme", "localsgd", "--local-steps", "4"]),
+    ("h16", ["--scheme", "localsgd", "--local-steps", "16"]),
+    ("h32", ["--scheme", "localsgd", "--local-steps", "32"]),
+    ("diloco", ["--scheme", "localsgd", "--outer-lr", "0.7", "--outer-momentum", "0.9"]),
+    ("diloco-inner-m0", ["--scheme", "dense", "--scheme", "localsgd", "--outer-lr", "0.7", "--outer-momentum", "0.9",
+                         "--momentum", "0"]),
+)
+
+
+def _localsgd_render(res: dict[str, Any], quick: bool) -> str:
+    rows = []
+    for label, _ in LOCALSGD_RUNS:
+        for r in _as_list(res.get(label)):
+            cfg, f = r.get("config", {}), (r.get("metrics") or {}).get("final", {})
+            local = r["scheme"] == "localsgd"
+            rows.append([label, f"`{r['scheme']}`", cfg.get("scheme.local_steps", "—") if local else "—",
+                         cfg.get("scheme.outer_lr", "—") if local else "—",
+                         cfg.get("scheme.outer_momentum", "—") if local else "—", cfg.get("momentum"),
+                         _pct(f.get("test_accuracy")), f"{f.get('test_loss', float('nan')):.4f}",
+                         _int(r["bytes_sent_per_rank"]), _dens(r["density_actual"]), _ms(r["step_seconds"])])
+    cfg = next((r for label, _ in LOCALSGD_RUNS for r in _as_list(res.get(label))), {}).get("config", {})
+    out = (f"MLP on the bundled digits, W = 2, {cfg.get('epochs')} epochs, batch {cfg.get('batch_size')} per rank, "
+           f"SGD lr {cfg.get('lr')} as the inner optimizer (its momentum in the column), random seed "
+           f"{cfg.get('seed')}. H: `--local-steps`; outer lr and momentum 1 and 0: plain averaging, else DiLoCo's "
+           "outer Nesterov step. Test accuracy and loss of the final model (an epoch that ends between two syncs "
+           "evaluates each rank's own parameters on its share of the test set); density_actual: the fraction of "
+           "steps that synchronized; step ms: the slowest rank's mean step over shared memory.\n\n"
+           "### Accuracy, bytes and density\n\n"
+           + md_table(["run", "scheme", "H", "outer lr", "outer momentum", "inner momentum", "test accuracy",
+                       "test loss", "bytes/rank/step", "density_actual", "step ms"], rows, right=range(2, 11)))
+    tta = res.get("tta")
+    if tta:
+        trows = [[f"`{x['label']}`", "not reached" if not x["reached"] else str(x["steps_to_target"]),
+                  f"{100 * x['final_accuracy']:.1f} %", str(x["steps"]), f"{x['bytes_per_step']:,.0f}",
+                  f"{x['density']:.4f}", f"{1e3 * x['step_seconds']:.1f}"] for x in tta["rows"]]
+        out += (f"\n\n### Steps to target (`bench tta`)\n\n{tta['model']} on {tta['data']}, W = {tta['world_size']} "
+                f"over shared memory (one host), batch {tta['batch_size']} per rank, SGD lr {tta['lr']} momentum "
+                f"{tta['momentum']}; target {100 * tta['target']:.0f} % test accuracy, at most {tta['max_steps']} "
+                f"steps, evaluated every {tta['eval_every']} steps ({_eval_point(tta)}). The steps to target are "
+                "what the advisor needs; the step times over shared memory are not a cluster's.\n\n"
+                + md_table(["scheme", "steps to target", "final accuracy", "steps", "bytes/rank/step", "density",
+                            "step ms"], trows))
+    return out
+
+
+def _eval_point(tta: dict[str, Any]) -> str:
+    """Where bench tta's evaluations fall in localsgd's periods."""
+    from mpisparse.schemes.localsgd import LOCAL_STEPS
+
+    row = next((x for x in tta["rows"] if x["scheme"] == "localsgd"), None)
+    h = (row or {}).get("options", {}).get("local_steps") or LOCAL_STEPS.default
+    return (f"localsgd, H = {h}: right after a sync" if tta["eval_every"] % h == 0 else
+            f"localsgd, H = {h}: also between syncs, each rank's own parameters")
+
+
+def _localsgd_runs(quick: bool) -> list[Run]:
+    runs = [Run(label, ["train", "-n", "2", *opts, "--max-skipped-steps", "0"] + (["--epochs", "1"] if quick else []))
+            for label, opts in (LOCALSGD_RUNS[:1] if quick else LOCALSGD_RUNS)]
+    tta = (["--quick"] if quick else ["--model", "mlp", "--target", "0.95", "--max-steps", "400", "--eval-every", "8"])
+    return runs + [Run("tta", ["bench", "tta", "-n", "2", *tta, "--scheme", "dense-opt", "--scheme", "dense",
+                               "--scheme", "localsgd", "--no-progress"])]
+
+
+_table(Table(
+    name="localsgd",
+    title="Local SGD and DiLoCo on the bundled digits, 2 ranks (`train`, `bench tta`)",
+    about=("`localsgd` against dense: the period H, DiLoCo's outer step (with train's SGD as the inner optimizer, "
+           "with and without its momentum), accuracy in the same epochs, bytes and the fraction of steps that "
+           "communicate; then the steps to a target accuracy."),
+    runs=_localsgd_runs,
+    render=_localsgd_render,
+))
