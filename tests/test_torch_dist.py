@@ -234,6 +234,22 @@ def test_the_hook_refuses_a_parameter_server_scheme_and_needs_an_initialised_gro
         comm_hook("topk", density=0)
     with pytest.raises(ValueError, match="overlap is 'yes'; allowed: True or False"):
         comm_hook("dense", overlap="yes")
+    # a bucket of another dtype is refused in one line before any exchange (no process group needed)
+    from mpisparse.torch.dist import sparse_hook
+
+    class Bucket:
+        def buffer(self):
+            return torch.zeros(6, dtype=torch.float64)
+
+        def parameters(self):
+            return [torch.zeros(2, 3, dtype=torch.float64)]
+
+        def index(self):
+            return 0
+
+    state, _ = comm_hook("dense")
+    with pytest.raises(TypeError, match=r"bucket 0 is torch.float64; allowed: float32, bfloat16, float16"):
+        sparse_hook(state, Bucket())
     with pytest.raises(RuntimeError, match="init_process_group"):
         TorchDistCommunicator()
 
