@@ -182,10 +182,11 @@ def test_distributed_optimizer_keeps_the_step_on_the_device(cp_emu, monkeypatch)
         reads = []
         for t in range(4):
             opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            if t == 2:
-                model[0].weight.grad[0, 0] = float("nan")
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            if t == 2:  # one weight's gradient NaN: the exchange at the end of backward skips the step
+                loss = loss + float("nan") * model[0].weight[0, 0]
             before = strictcupy.COUNTS["d2h"]
+            loss.backward()  # the exchange runs here (DDP's contract); step() applies
             opt.step()
             reads.append(strictcupy.COUNTS["d2h"] - before)
         return [p.detach().clone() for p in model.parameters()], opt, reads

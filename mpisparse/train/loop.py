@@ -38,6 +38,7 @@ from ..results.timing import PhaseTimer
 from ..torch import DistributedOptimizer
 from ..torch.sgd import SGD
 from .core import LoopState, Preempted, StepOutcome, TrainStep, mean_over_ranks, run_loop
+from .recsys import data_options, evaluate_recsys, is_recsys, model_options
 
 __all__ = ["CollectiveStep", "ModelStep", "Preempted", "evaluate", "run_training", "seeded_setup"]
 
@@ -48,7 +49,10 @@ def _reduce_sums(comm, values: list[float]) -> np.ndarray:
 
 
 def evaluate(model, batches, comm, lm: bool, *, dev=None) -> dict[str, float]:
-    """Loss and accuracy (or perplexity) over every rank's share of a set (batches moved to ``dev``)."""
+    """Loss and accuracy (or perplexity) over every rank's share of a set (batches moved to ``dev``); a
+    recommendation model's own metrics (AUC, hit rate: :mod:`mpisparse.train.recsys`)."""
+    if is_recsys(model):
+        return evaluate_recsys(model, batches, comm, dev=dev)
     model.eval()
     loss_sum = correct = count = 0.0
     with torch.no_grad():
@@ -73,22 +77,24 @@ def evaluate(model, batches, comm, lm: bool, *, dev=None) -> dict[str, float]:
     return {"loss": loss, "accuracy": correct / max(count, 1)}
 
 
-def seeded_setup(cfg: TrainConfig):
+def seeded_setup(cfg: TrainConfig, *, sparse: bool = False):
     """Seed every RNG, load the data and build the model: ``(is_lm, dataset, model)``.
 
     Shared by the data-parallel, parameter-server and pipeline loops so all
-    start from the same parameters for the same seed.
+    start from the same parameters for the same seed.  ``sparse``: embedding
+    tables as ``nn.Embedding(sparse=True)`` (the data-parallel step's ``--row-sparse``).
     """
     torch.manual_seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.set_num_threads(1)
     lm = is_lm(cfg.model)
-    ds = load_dataset(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, image=needs_image(cfg.model))
+    ds = load_dataset(cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, image=needs_image(cfg.model),
+                      **data_options(cfg))
     if lm != (ds.kind == "lm"):
         raise ValueError(f"model {cfg.model!r} does not fit data {cfg.data!r}: the language models need "
                          "--data pydoc or text, the classifiers need image or vector data")
     size = ({"layers": cfg.gpt_layers, "width": cfg.gpt_width, "heads": cfg.gpt_heads, "context": cfg.gpt_context}
-            if cfg.model == "gpt" else {})
+            if cfg.model == "gpt" else model_options(cfg, ds, sparse=sparse))
     model = build_model(cfg.model, input_shape=ds.input_shape, num_classes=ds.num_classes, **size)
     return lm, ds, model
 
@@ -140,7 +146,7 @@ class CollectiveStep(ModelStep):
     checkpointable = True
 
     def __init__(self, comm, cfg: TrainConfig):
-        lm, ds, model = seeded_setup(cfg)
+        lm, ds, model = seeded_setup(cfg, sparse=cfg.row_sparse)
         self.dev = device.torch_device(cfg.device, comm)
         model = model.to(self.dev)  # the same initial parameters on every device
         super().__init__(cfg, lm, ds, model, shard=comm.rank, shards=comm.size,
@@ -183,6 +189,7 @@ class CollectiveStep(ModelStep):
         with torch.autocast(self.dev.type, dtype=self.amp_dtype or torch.float32, enabled=self.amp_dtype is not None):
             loss = self.forward(b, x, y)
         scaler = self.scaler
+        staged = dict(self.comm.staging)  # the exchange's staging copies: it runs at the end of backward
         with self.timer.phase("backward"):  # the exchange runs at its end (DDP's contract; timed in its phases)
             self.dopt.zero_grad()
             (loss if scaler is None else scaler.scale(loss)).backward()
@@ -190,7 +197,6 @@ class CollectiveStep(ModelStep):
                 if scaler is not None:
                     scaler.unscale_(self.dopt)
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
-        staged = dict(self.comm.staging)
         if scaler is None:
             stepped = self.dopt.step()
         else:  # skips a step whose aggregate is not finite (NaN on every rank alike), backs off, grows

@@ -71,7 +71,7 @@ from mpisparse.backend import numpy_select  # noqa: E402
 from mpisparse.mpi.comm import Communicator  # noqa: E402
 from mpisparse.config import BenchConfig, TrainConfig  # noqa: E402
 from mpisparse.schemes.base import CollectiveScheme  # noqa: E402
-from mpisparse.torch import _DistributedMixin as DistributedOptimizer  # noqa: E402  (the class with step())
+from mpisparse.torch import _DistributedMixin as DistributedOptimizer  # noqa: E402  (the class with the exchange)
 from mpisparse.runtimes import validate
 
 #: every data-parallel scheme (and topk's layer-wise variant) with the options of this check;
@@ -97,7 +97,7 @@ CALLS = ("allreduce", "alltoallv", "allgatherv")
 
 _real_torch_module = backend.torch_array_module
 _scheme_step = CollectiveScheme.step
-_dopt_step = DistributedOptimizer.step
+_dopt_exchange = DistributedOptimizer._end_of_backward  # the step's exchange (DDP's contract: in backward)
 RECORD: list[dict] | None = None
 
 
@@ -147,13 +147,13 @@ def run(what: str, key: str, mode: str, W: int):
                               scheme_options=dict(opts), device=dev), W)
             res = runtimes.bench_step(comm, cfg)
         else:
-            DistributedOptimizer.step = _counted(_dopt_step, outputs=False)
+            DistributedOptimizer._end_of_backward = _counted(_dopt_exchange, outputs=False)
             cfg = validate(TrainConfig(model="mlp", data="digits", scheme=name, density=0.05, epochs=1, batch_size=256,
                               lr=0.1, seed=1, scheme_options=dict(opts), device=dev), W)
             res = runtimes.train(comm, cfg, step_log=lambda r: losses.append(float(r["loss"])))
     finally:
         CollectiveScheme.step = _scheme_step
-        DistributedOptimizer.step = _dopt_step
+        DistributedOptimizer._end_of_backward = _dopt_exchange
         use_device(False)
     rec, RECORD = RECORD, None
     return rec, losses, res
