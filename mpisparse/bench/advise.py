@@ -50,7 +50,15 @@ from .rates import builtin_table
 #: the optimized dense baseline's label: dense, 16-bit values on the wire, overlapped with backward
 BASELINE = "dense-opt"
 #: the schemes the advisor ranks (labels); ``dense`` is float32 dense exchanged after backward
-ADVISE_SCHEMES = (BASELINE, "dense", "topk", "cltk", "deft", "gtopk", "powersgd", "oktopk")
+ADVISE_SCHEMES = (BASELINE, "dense", "topk", "cltk", "deft", "gtopk", "powersgd", "oktopk", "localsgd")
+#: schemes predicted only where their steps to target are measured (``--tta``): a local-update scheme's step is
+#: cheap by construction, its price is in the steps it needs, which equal steps would hide
+NEED_STEPS = ("localsgd",)
+
+
+def labels_for(s: "Setting") -> tuple[str, ...]:
+    """The labels a prediction covers: every scheme, those of :data:`NEED_STEPS` only with measured steps."""
+    return tuple(x for x in ADVISE_SCHEMES if x not in NEED_STEPS or x in s.steps)
 #: kernel rates of this 2-core machine, 2 processes at once (the ``cpu`` table: docs/results/cost-model.md)
 DEFAULT_RATES = builtin_table("cpu").rates
 #: how a dense exchange runs: ``mpi``, as this library runs it (flat or two-level); ``nccl``, as NCCL runs it
@@ -97,6 +105,8 @@ class Setting:
     #: fixed seconds a step of a scheme costs beyond its kernels (launches, read backs, host work), per scheme
     #: name, from the rate table (:attr:`mpisparse.bench.rates.RateTable.step_fixed`); empty: none
     step_fixed: dict[str, float] = field(default_factory=dict)
+    #: ``localsgd``'s period: its parameters are averaged (one float32 Allreduce of the model) every this many steps
+    local_steps: int = 8
 
     def __post_init__(self) -> None:
         if not self.compute >= 0:
@@ -110,6 +120,8 @@ class Setting:
         if self.hosts < self.world and self.intra is None:
             raise ValueError(f"W = {self.world} on {self.hosts} hosts: {self.world // self.hosts} ranks a host "
                              "need an intra-host link (intra)")
+        if self.local_steps < 1:
+            raise ValueError(f"local steps {self.local_steps}; it must be >= 1")
         if self.dense_exchange not in DENSE_EXCHANGES:
             raise ValueError(f"dense exchange {self.dense_exchange!r}; allowed: {', '.join(DENSE_EXCHANGES)}")
 
@@ -120,7 +132,7 @@ def _scheme_wire(label: str, s: Setting) -> tuple[str, str]:
         return "dense", s.dense_wire
     if label == "dense":
         return "dense", "float32"
-    return label, "float32" if label == "gtopk" else s.sparse_wire
+    return label, "float32" if label in ("gtopk", "localsgd") else s.sparse_wire
 
 
 def _sum(m_values: float, wire: str, W: int) -> list[tuple[str, float]]:
@@ -135,7 +147,6 @@ def collectives(label: str, s: Setting) -> list[tuple[str, float]]:
     """The collectives of one step of ``label`` as the code calls them, ``(op, bytes)`` in
     :func:`mpisparse.bench.netmodel.collective`'s terms (``allgatherv``: bytes a rank; ``rounds``: that many
     message latencies, no bytes); a zero-byte op is a small message (counts, bins) that costs its latency."""
-    from ..schemes.oktopk import oktopk_bound_bytes
 
     W, n = s.world, s.n
     scheme, wire = _scheme_wire(label, s)
@@ -157,10 +168,14 @@ def collectives(label: str, s: Setting) -> list[tuple[str, float]]:
     if scheme == "powersgd":  # three Allreduces (the dense layers, P, Q): their elements in all
         elements = s.powersgd_elements if s.powersgd_elements is not None else max(1, n // 100)
         return [("allreduce", 4.0 * elements), ("allreduce", 0.0), ("allreduce", 0.0)]
-    if scheme == "oktopk":  # half the paper's bound: half in the split's Alltoallv, half in the Allgatherv
-        half = oktopk_bound_bytes(k, W, ib + vb) / 4 if W > 1 else 0.0
-        return [("alltoallv", half * W / max(1, W - 1)), ("allgatherv", half / max(1, W - 1)),
-                ("rounds", (W - 1) + cm._log2(W))]  # its other point-to-point rounds and small collectives
+    if scheme == "oktopk":  # (index, value) pairs, one message each way (mpisparse/schemes/oktopk.py):
+        # the split's Alltoallv of the rank's k entries (its counts first), the Allgatherv of the probes'
+        # counts (128 a rank, int64), the gather's Allgatherv of the rank's k/W of the global top-k: 2 x 8k(W-1)/W
+        # bytes out, two thirds of the paper's bound 6k(W-1)/W of 4-byte elements (measured 0.67-0.70 of it)
+        pair = ib + vb
+        return [("alltoallv", 0.0), ("alltoallv", pair * k), ("allgatherv", 8.0 * 128), ("allgatherv", pair * k / W)]
+    if scheme == "localsgd":  # one float32 Allreduce of the parameters a period (spread over its steps: _exchange)
+        return [("allreduce", 4.0 * n)]
     raise ValueError(f"scheme {label!r}; allowed: {', '.join(ADVISE_SCHEMES)}")
 
 
@@ -192,7 +207,7 @@ def _exchange(label: str, s: Setting, nic: cm.Link, intra: cm.Link | None) -> fl
     total = 0.0
     for op, m in collectives(label, s):
         total += m * t.latency if op == "rounds" else nm.collective(op, t, m)
-    return total
+    return total / s.local_steps if _scheme_wire(label, s)[0] == "localsgd" else total
 
 
 def nic_bytes(label: str, s: Setting) -> float:
@@ -213,6 +228,8 @@ def _compute(label: str, s: Setting) -> dict[str, float]:
     if scheme == "powersgd":  # the error feedback, the two products M Q and M^T P (rank 1), the update P Q^T
         comp = {"compensate": r.cost("stream", n), "select": r.cost("stream", 2 * n, calls=2),
                 "update": r.cost("stream", n)}
+    elif scheme == "localsgd":  # a period's parameter copy out, the average in, the scale: over its steps
+        comp = {"compensate": 0.0, "select": 0.0, "update": r.cost("stream", 3 * n) / s.local_steps}
     elif scheme == "oktopk":  # top-k's pass and pick, the region's reduction and the update (a scatter each)
         k = max(1, int(s.density * n))
         comp = {"compensate": r.cost("fused", n), "select": r.cost("pick", k),
@@ -227,16 +244,18 @@ def _compute(label: str, s: Setting) -> dict[str, float]:
 
 
 def peer_phases(scheme: str, s: Setting, link: cm.Link) -> dict[str, float]:
-    """The phases of powersgd and oktopk (:func:`scheme_phases` of the cost model's other schemes).
+    """The phases of powersgd, oktopk and localsgd (:func:`scheme_phases` of the cost model's other schemes).
 
     powersgd: three Allreduces (the dense layers, the P factors, the Q factors) of ``powersgd_elements``
     elements in all; its compute is the error feedback (a stream), the two products M Q and M^T P (a stream
-    each at rank 1) and the update P Q^T (a stream).  oktopk: its bytes are half the paper's bound of
-    ``6 k (W-1)/W`` elements (:func:`mpisparse.schemes.oktopk.oktopk_bound_bytes`), in ``W - 1`` point to
-    point rounds and three small collectives; its compute is top-k's (the fused pass, the pick) plus the
-    region's reduction and the update (a scatter per selected element each)."""
-    if scheme not in ("powersgd", "oktopk"):
-        raise ValueError(f"scheme {scheme!r}: not a peer scheme; allowed: powersgd, oktopk")
+    each at rank 1) and the update P Q^T (a stream).  oktopk: two thirds of the paper's bound of
+    ``6 k (W-1)/W`` 4-byte elements (:func:`mpisparse.schemes.oktopk.oktopk_bound_bytes`; :func:`collectives`)
+    in two messages of (index, value) pairs and two small collectives; its compute is top-k's (the fused pass,
+    the pick) plus the region's reduction and the update (a scatter per selected element each).  localsgd: one
+    float32 Allreduce of the parameters and three passes over them every ``local_steps`` steps, a step's
+    share of it each step (nothing overlaps: the average follows the optimizer's step)."""
+    if scheme not in ("powersgd", "oktopk", "localsgd"):
+        raise ValueError(f"scheme {scheme!r}: not a peer scheme; allowed: powersgd, oktopk, localsgd")
     return scheme_phases(scheme, s, link)
 
 
@@ -306,9 +325,10 @@ def steps_to_target(label: str, s: Setting) -> float | None:
     return base if base is not None else None
 
 
-def advise(s: Setting, link: cm.Link, labels: Sequence[str] = ADVISE_SCHEMES) -> dict[str, Any]:
-    """Every scheme's predicted step and time to target, the winner (the least time to target) and the
-    crossover bandwidth (:func:`crossover_bandwidth`)."""
+def advise(s: Setting, link: cm.Link, labels: Sequence[str] | None = None) -> dict[str, Any]:
+    """Every scheme's predicted step and time to target (``labels``, default :func:`labels_for`), the winner
+    (the least time to target) and the crossover bandwidth (:func:`crossover_bandwidth`)."""
+    labels = labels_for(s) if labels is None else labels
     rows = []
     for label in labels:
         st = step_time(label, s, link)
@@ -383,13 +403,14 @@ def _margin(s: Setting, bandwidth: float, latency: float, labels: Sequence[str])
     return base - min(others, default=math.inf)
 
 
-def crossover_bandwidth(s: Setting, latency: float = 0.0, labels: Sequence[str] = ADVISE_SCHEMES, *,
+def crossover_bandwidth(s: Setting, latency: float = 0.0, labels: Sequence[str] | None = None, *,
                         low: float = 1e4, high: float = 1e13) -> float | None:
     """The link bandwidth (bytes/s) above which dense training reaches the target first: the optimized
     baseline, or float32 dense where that is faster (over shared memory a 16-bit wire's casts can cost more
     than its halved bytes save).  The highest change of the winner between dense and the schemes that are not
     dense, on a log scale from ``low`` to ``high``, bisected to 0.1%.  ``low``: dense wins at every bandwidth
     in range.  None: it wins at none (or there is no sparse scheme to compare)."""
+    labels = labels_for(s) if labels is None else labels
     if BASELINE not in labels:
         raise ValueError(f"the crossover needs the baseline {BASELINE!r} among the schemes")
     grid = [low * (high / low) ** (i / 200) for i in range(201)]

@@ -92,6 +92,8 @@ def _size(ctx, param, value):
               help="Latency of one message over the link, microseconds.")
 @click.option("--density", type=click.FloatRange(0, 1, min_open=True), default=0.01, show_default=True,
               help="Density of the sparse schemes.")
+@click.option("--local-steps", type=click.IntRange(min=1), default=8, show_default=True,
+              help="localsgd's period: the parameters averaged every this many steps (steps to target: --tta).")
 @click.option("--dense-wire", type=click.Choice(WIRES), default="float16", show_default=True,
               help="The optimized dense baseline's wire dtype.")
 @click.option("--sparse-wire", type=click.Choice(("float32",) + WIRES), default="float32", show_default=True,
@@ -122,7 +124,7 @@ def _size(ctx, param, value):
               help="The advice (and validation) as JSON.")
 def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, world, hosts, ranks_per_host, rate,
            intra_rate, intra_json, intra_latency_us, hierarchical, dense_exchange, link_json, burst, latency_us,
-           density, dense_wire, sparse_wire, shared_cores, device, rates_json, measure_json, overhead_json,
+           density, local_steps, dense_wire, sparse_wire, shared_cores, device, rates_json, measure_json, overhead_json,
            bytes_json, tta_json, measured_json, json_path) -> None:
     """Predict every scheme's step and time to target on this network, the winner, and the crossover link
     bandwidth above which optimized dense (16-bit wire, overlapped) wins."""
@@ -171,7 +173,7 @@ def advise(model, compute_seconds, batch, hidden_share, hidden_json, window, wor
                     overheads=overheads, overhead_turns=overhead_turns, bytes_sent=bytes_sent, burst=burst,
                     intra=cm.Link(latency=intra_latency_us * 1e-6, bandwidth=intra_rate) if hosts < world else None,
                     hierarchical=hierarchical, dense_exchange=dense_exchange or ("nccl" if device == "cuda" else "mpi"),
-                    step_fixed=table.step_fixed)
+                    step_fixed=table.step_fixed, local_steps=local_steps)
     res = adv.advise(setting, cm.Link(latency=latency_us * 1e-6, bandwidth=rate))
     res.update(model=model, compute_from=compute_from, hidden_from=hidden_json or "--hidden-share",
                overhead_from=overhead_json or f"the rate table: {table.name}", link_from=link_json or "--rate",
