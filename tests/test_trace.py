@@ -82,7 +82,12 @@ def _check_trace(path, ranks, phases):
             assert inner, st
             for e in inner:
                 assert st["ts"] - 1e-3 <= e["ts"] and e["ts"] + e["dur"] <= st["ts"] + st["dur"] + 1e-3, (e, st)
-            assert sum(e["dur"] for e in inner) <= st["dur"] + 1e-3
+            # a phase may nest in another (the library's exchange runs at the end of backward): the outermost
+            # phases do not overlap, so their durations add up to at most the step
+            outer = [e for e in inner if not any(o is not e and o["ts"] - 1e-3 <= e["ts"] and
+                                                 e["ts"] + e["dur"] <= o["ts"] + o["dur"] + 1e-3 and o["dur"] > e["dur"]
+                                                 for o in inner)]
+            assert sum(e["dur"] for e in outer) <= st["dur"] + 1e-3
         names = {e["name"] for e in events if e["pid"] == rank and e["cat"] == "phase"}
         assert set(phases) <= names, names
     return events
