@@ -21,17 +21,26 @@ from typing import Any, Sequence
 
 from .registry import SchemeBase, scheme_class, validate_density
 
-__all__ = ["AMP_MODES", "BenchConfig", "CLI_ONLY_OPTIONS", "ConfigMismatch", "DATASETS", "LM_DATASETS", "LM_MODELS", "MPConfig",
+__all__ = ["AMP_MODES", "BenchConfig", "CLICK_DATASETS", "CLI_ONLY_OPTIONS", "ConfigMismatch", "DATASETS",
+           "DIR_DATASETS", "RATING_DATASETS", "LM_DATASETS", "LM_MODELS", "MPConfig",
            "OPTION_FIELDS", "PER_RANK_FIELDS", "RESUME_FREE_FIELDS", "TRAIN_MODELS", "TrainConfig", "check_agreement",
            "config_differences", "default_data", "flat_fields"]
 
 #: the networks ``train`` builds (:data:`mpisparse.models.nets.NETS`) and the datasets it reads
 #: (:data:`mpisparse.data.DATASETS`), named here so that checking a configuration needs no torch
-TRAIN_MODELS = ("mlp", "cnn", "resnet18", "lstm", "gpt", "dlrm")
-DATASETS = ("digits", "synthetic", "cifar10", "text", "pydoc")
+TRAIN_MODELS = ("mlp", "cnn", "resnet18", "lstm", "gpt", "dlrm", "ncf")
+DATASETS = ("digits", "synthetic", "cifar10", "text", "pydoc", "clicks", "ratings", "criteo", "movielens")
 #: the language models and the token-stream datasets they train on (the others: classifiers and their data)
 LM_MODELS = ("lstm", "gpt")
 LM_DATASETS = ("text", "pydoc")
+#: the recommendation data (:mod:`mpisparse.data.recsys`): click logs (``dlrm`` with embedding tables) and implicit
+#: feedback (``ncf``); the datasets read from ``--data-dir``
+CLICK_DATASETS = ("clicks", "criteo")
+RATING_DATASETS = ("ratings", "movielens")
+DIR_DATASETS = ("cifar10", "text", "criteo", "movielens")
+#: ``--emb-dim``'s default (the DCT paper's DLRM), and the largest ``--emb-rows`` (ids travel as float32)
+EMB_DIM = 16
+MAX_EMB_ROWS = 2 ** 24
 #: ``--gpt-*``: the size of the ``gpt`` model, and its defaults (a tiny model that trains in seconds on a CPU)
 GPT_SIZE_DEFAULTS = {"gpt_layers": 2, "gpt_width": 64, "gpt_heads": 4, "gpt_context": 64}
 #: where a data-parallel step runs (``--device``): host memory, or each rank's GPU
@@ -57,8 +66,9 @@ def _number(name: str, value: Any, low: float, high: float = math.inf, *, low_op
 
 def default_data(model: str) -> str:
     """The dataset ``--model`` trains on when ``--data`` is not given: the bundled CPython prose (``pydoc``)
-    for a language model, the bundled digits for a classifier; neither needs a download."""
-    return "pydoc" if model in LM_MODELS else "digits"
+    for a language model, generated click logs for ``dlrm`` and ratings for ``ncf``, the bundled digits for
+    a classifier; none needs a download."""
+    return {"dlrm": "clicks", "ncf": "ratings"}.get(model, "pydoc" if model in LM_MODELS else "digits")
 
 
 def _choice(name: str, value: Any, allowed: Sequence[str]) -> None:
@@ -125,6 +135,37 @@ def _gpt_size(cfg: Any) -> None:
     changed = [n for n, v in GPT_SIZE_DEFAULTS.items() if getattr(cfg, n) != v]
     if changed and cfg.model != "gpt":
         raise ValueError(f"--{changed[0].replace('_', '-')} sets the size of --model gpt; --model is {cfg.model!r}")
+
+
+def _tables(cfg: Any) -> None:
+    """``--emb-tables``/``--emb-rows``/``--emb-dim``/``--row-sparse``: positive sizes, and only where a model has
+    tables (``dlrm`` on click data, ``ncf`` on ratings); the recommendation data only for those models."""
+    for name in ("emb_tables", "emb_rows"):
+        if getattr(cfg, name) is not None:
+            _int("--" + name.replace("_", "-"), getattr(cfg, name), 1)
+    if cfg.emb_rows is not None and cfg.emb_rows > MAX_EMB_ROWS:
+        raise ValueError(f"--emb-rows is {cfg.emb_rows}; allowed range is 1..{MAX_EMB_ROWS} (ids travel as float32)")
+    _int("--emb-dim", cfg.emb_dim, 1)
+    _bool("--row-sparse", cfg.row_sparse)
+    if cfg.model == "ncf" and cfg.data not in RATING_DATASETS:
+        raise ValueError(f"--model ncf does not fit --data {cfg.data}: it trains on --data "
+                         f"{' or '.join(RATING_DATASETS)}")
+    if cfg.data in RATING_DATASETS + CLICK_DATASETS and cfg.model != ("ncf" if cfg.data in RATING_DATASETS
+                                                                      else "dlrm"):
+        need = "ncf" if cfg.data in RATING_DATASETS else "dlrm"
+        raise ValueError(f"--data {cfg.data} is recommendation data for --model {need}; --model is {cfg.model!r}")
+    given = [n for n in ("emb_tables", "emb_rows") if getattr(cfg, n) is not None]
+    given += [n for n, v in (("emb_dim", EMB_DIM), ("row_sparse", True)) if getattr(cfg, n) != v]
+    if given and cfg.data not in RATING_DATASETS + CLICK_DATASETS:
+        flag = "--no-row-sparse" if given[0] == "row_sparse" else "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} sets the embedding tables of --model dlrm or ncf on recommendation data "
+                         f"({', '.join(CLICK_DATASETS + RATING_DATASETS)}); --model {cfg.model} on --data {cfg.data} "
+                         "has none")
+    if cfg.data in RATING_DATASETS and cfg.emb_tables not in (None, 2):
+        raise ValueError(f"--emb-tables is {cfg.emb_tables}; --data {cfg.data} has 2 tables (users and items)")
+    if cfg.data == "movielens" and cfg.emb_rows is not None:
+        raise ValueError(f"--emb-rows is {cfg.emb_rows}; --data movielens decides its tables' rows (its users and "
+                         "items): drop --emb-rows")
 
 
 @dataclass
@@ -207,6 +248,15 @@ class TrainConfig:
     gpt_context: int = GPT_SIZE_DEFAULTS["gpt_context"]
     #: ``--steps-per-epoch``: each epoch takes at most this many of a rank's batches (0: all of its shard)
     steps_per_epoch: int = 0
+    #: ``--emb-tables``, ``--emb-rows``: the recommendation data's tables (categorical features; rows, or hash
+    #: buckets, of each); None: the data's own (generated: 8 tables of 1,000 rows; a file: its columns)
+    emb_tables: int | None = None
+    emb_rows: int | None = None
+    #: ``--emb-dim``: the embedding dimension of ``dlrm`` (and its bottom MLP's last width) and of ``ncf``'s GMF
+    emb_dim: int = EMB_DIM
+    #: ``--row-sparse/--no-row-sparse``: the tables as ``nn.Embedding(sparse=True)``, their gradients exchanged
+    #: row-sparse beside the scheme (:mod:`mpisparse.torch.rows`), or dense tables through the scheme
+    row_sparse: bool = True
     #: ``--amp``: ``none``, or autocast to ``bf16`` / ``fp16`` (fp16 with a GradScaler, its state checkpointed);
     #: data-parallel schemes; the parameters, the scheme and its error feedback stay float32
     amp: str = "none"
@@ -235,7 +285,8 @@ class TrainConfig:
                              f"({', '.join(LM_MODELS)}) train on --data {' or '.join(LM_DATASETS)}, the classifiers "
                              "on digits/synthetic/cifar10")
         _gpt_size(self)
-        if self.data in ("cifar10", "text") and not self.data_dir:
+        _tables(self)
+        if self.data in DIR_DATASETS and not self.data_dir:
             raise ValueError(f"--data {self.data} needs --data-dir DIR")
         cls = _scheme(self.scheme)
         validate_density(self.density)

@@ -268,7 +268,7 @@ NUMPY_CASES = {
 CHECKED_CASES = {name: (3,) for name in ("schemes", "cltk", "dct", "deft", "dgc", "gtopk", "powersgd", "oktopk")}
 #: those that train or wrap torch (each rank imports torch once per job)
 TORCH_CASES = {"torch_api": (1, 2, 3), "torch_hvd": (2,), "torch_overlap": (1, 2, 3), "torch_wrapper": (1, 2),
-               "torch_amp": (1, 2),
+               "torch_amp": (1, 2), "rows": (2,),
                "mp_pipeline": (2, 3, 4), "mp_resume": (4,), "reshard": (4,), "ps_resume": (3,),
                ("wire_dtype", "--torch"): (2,), ("powersgd", "torch"): (2,), "localsgd": (1, 2, 3, 4)}
 

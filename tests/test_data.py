@@ -94,9 +94,11 @@ def test_synthetic():
 
 
 def test_dataset_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"unknown dataset 'x'; choose one of: cifar10, digits, pydoc, synthetic, text"):
+    with pytest.raises(ValueError, match=r"unknown dataset 'x'; choose one of: cifar10, clicks, criteo, digits, "
+                                         r"movielens, pydoc, ratings, synthetic, text"):
         load_dataset("x")
-    assert DATASETS == {"digits", "synthetic", "cifar10", "text", "pydoc"}
+    assert DATASETS == {"digits", "synthetic", "cifar10", "text", "pydoc", "clicks", "ratings", "criteo",
+                        "movielens"}
     for name in ("cifar10", "text"):
         with pytest.raises(ValueError, match="--data-dir is required"):
             load_dataset(name)

@@ -36,10 +36,10 @@ def _train_steps(model, x, y, steps, lr, momentum=0.9):
 
 
 def test_registry_and_errors():
-    assert NETS == {"mlp", "cnn", "resnet18", "lstm", "gpt", "dlrm"}
+    assert NETS == {"mlp", "cnn", "resnet18", "lstm", "gpt", "dlrm", "ncf"}
     assert [needs_image(n) for n in ("mlp", "cnn", "resnet18", "lstm", "gpt")] == [False, True, True, False, False]
     assert [is_lm(n) for n in ("mlp", "cnn", "resnet18", "lstm", "gpt")] == [False, False, False, True, True]
-    with pytest.raises(ValueError, match=r"unknown model 'x'; choose one of: cnn, dlrm, gpt, lstm, mlp, resnet18"):
+    with pytest.raises(ValueError, match=r"unknown model 'x'; choose one of: cnn, dlrm, gpt, lstm, mlp, ncf, resnet18"):
         build_model("x", input_shape=(64,), num_classes=10)
     with pytest.raises(ValueError, match="unknown model"):
         needs_image("x")

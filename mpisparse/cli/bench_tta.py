@@ -12,12 +12,13 @@ import socket
 
 import click
 
-from ..config import DATASETS, DEVICES, LM_MODELS, TRAIN_MODELS, TrainConfig
+from ..config import (CLICK_DATASETS, DATASETS, DEVICES, LM_MODELS, RATING_DATASETS, TRAIN_MODELS, TrainConfig,
+                      default_data)
 from ..mpi.device import check_device_usable
 from ..runtimes import schemes_of
 from . import output
 from .options import (SectionedCommand, check_plot, mpi_options, pick_scheme_options, progress_options,
-                      scheme_options, usage, validated, writable_file)
+                      scheme_options, table_options, usage, validated, writable_file)
 from .session import maybe_relaunch, open_comm
 
 __all__ = ["bench_tta"]
@@ -42,7 +43,8 @@ _QUICKABLE = ("model", "target", "target_loss", "max_steps", "eval_every")
               help=f"Repeatable. {_BASELINE}: the optimized dense baseline (dense, a 16-bit wire, --overlap); "
                    "dense: float32 dense, no overlap; any other: that data-parallel scheme as `train` runs it.")
 @click.option("--target", type=float, default=None,
-              help="Test accuracy to reach, in (0, 1]: a classifier's target [0.9].")
+              help="Test accuracy to reach, in (0, 1]: a classifier's target [0.9]; dlrm on clicks: held-out AUC "
+                   "[0.75]; ncf: held-out hit rate @10 [0.35].")
 @click.option("--target-loss", type=float, default=None,
               help="Held-out (test) loss to reach, > 0: a language model's target [2.5], or a classifier's.")
 @click.option("--target-ppl", type=float, default=None,
@@ -67,11 +69,13 @@ _QUICKABLE = ("model", "target", "target_loss", "max_steps", "eval_every")
               help="Every run's row (docs/performance.md#time-to-accuracy) and provenance.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, callback=writable_file,
               help="PNG: the target's metric against training wall-clock, a line per scheme.")
+@table_options
 @scheme_options(schemes_of("collective"), exclude=("momentum",))
 @progress_options
 def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, target_loss, target_ppl, max_steps, eval_every,
               density, batch_size, lr, momentum, seed, device, baseline_wire, quick, json_path, plot_path,
-              progress_interval=10.0, no_progress=False, **scheme_opts) -> None:
+              progress_interval=10.0, no_progress=False, emb_tables=None, emb_rows=None, emb_dim=16, row_sparse=True,
+              **scheme_opts) -> None:
     """Time to target: train one model with each scheme until a target (a classifier's test accuracy, a language
     model's held-out loss or perplexity) or a step budget.
 
@@ -92,18 +96,21 @@ def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, target_lo
         picked = {**tta.QUICK[size], **given}
         model, max_steps, eval_every = picked["model"], picked["max_steps"], picked["eval_every"]
         defaults = {"accuracy": picked["target"], "loss": picked["target_loss"]}
+    data_name = data or default_data(model)
+    metric = "auc" if data_name in CLICK_DATASETS else "hit_rate" if data_name in RATING_DATASETS else "accuracy"
     goal = usage(tta.pick_target, model in LM_MODELS, accuracy=target, loss=target_loss, ppl=target_ppl,
-                 defaults=defaults)
+                 defaults=defaults, metric=metric)
     names = tuple(dict.fromkeys(schemes))
     registered = tuple(dict.fromkeys("dense" if n == tta.BASELINE else n for n in names))
     runs = tta.plan_runs(names, pick_scheme_options(registered, scheme_opts), baseline_wire)
     cfgs = [validated(TrainConfig(model=model, data=data, data_dir=data_dir, scheme=r.scheme, density=density,
                                   epochs=1, batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
                                   scheme_options=dict(r.options), overlap=r.overlap, max_skipped_steps=0,
-                                  device=device), nprocs)
+                                  device=device, emb_tables=emb_tables, emb_rows=emb_rows, emb_dim=emb_dim,
+                                  row_sparse=row_sparse), nprocs)
             for r in runs]
     data = cfgs[0].data  # --data, or the model's default
-    if data in ("cifar10", "text") and not os.path.isdir(data_dir or ""):
+    if data in ("cifar10", "text", "criteo", "movielens") and not os.path.isdir(data_dir or ""):
         raise click.UsageError(f"--data-dir {data_dir!r} is not a directory")
     check_plot(plot_path)
     usage(check_device_usable, device, need_torch=True)
@@ -128,7 +135,7 @@ def bench_tta(nprocs, timeout, model, data, data_dir, schemes, target, target_lo
                "batch_size": batch_size,
                "lr": lr, "momentum": momentum, "density": density, "seed": seed, "baseline": tta.BASELINE,
                "baseline_wire_dtype": baseline_wire, "quick": quick, "device": device,
-               "compute_note": tta.compute_note(device), "rows": rows,
+               "compute_note": tta.compute_note(device), "rows": rows, "row_sparse": row_sparse,
                "provenance": prov}
         click.echo(tta.format_tta(res))
         write_json(json_path, res)

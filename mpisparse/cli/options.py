@@ -19,7 +19,7 @@ from ..registry import SCHEMES, all_options, validate_density
 from ..runtimes import validate
 
 __all__ = ["SectionOption", "SectionedCommand", "check_plot", "progress_options", "trace_option", "cuda_aware_option", "density_list", "emucluster_rate",
-           "gpt_size_options", "int_list", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated",
+           "gpt_size_options", "int_list", "table_options", "mpi_options", "pick_scheme_options", "scheme_options", "size_list", "usage", "validated",
            "out_dir_or_default", "writable_dir", "writable_file"]
 
 
@@ -91,6 +91,26 @@ def gpt_size_options(f: Callable) -> Callable:
     for name in reversed(list(GPT_SIZE_DEFAULTS)):
         f = click.option("--" + name.replace("_", "-"), name, type=click.IntRange(min=1),
                          default=GPT_SIZE_DEFAULTS[name], show_default=True, help=helps[name])(f)
+    return f
+
+
+def table_options(f: Callable) -> Callable:
+    """``--emb-tables``, ``--emb-rows``, ``--emb-dim``, ``--row-sparse/--no-row-sparse``: the embedding tables of
+    ``dlrm`` and ``ncf`` on recommendation data (:class:`mpisparse.config.TrainConfig`)."""
+    from ..config import EMB_DIM
+
+    f = click.option("--row-sparse/--no-row-sparse", "row_sparse", default=True, show_default=True,
+                     help="dlrm, ncf: tables as nn.Embedding(sparse=True), only the rows a rank touched exchanged "
+                          "(indices and rows, summed exactly) beside the scheme; --no-row-sparse: dense tables "
+                          "through the scheme.")(f)
+    f = click.option("--emb-dim", type=click.IntRange(min=1), default=EMB_DIM, show_default=True,
+                     help="dlrm, ncf: embedding dimension (dlrm: also the bottom MLP's last width).")(f)
+    f = click.option("--emb-rows", type=click.IntRange(min=1), default=None,
+                     help="dlrm, ncf: rows of each table (clicks, ratings: ids; criteo: hash buckets) [1000; "
+                          "movielens: its users and items].")(f)
+    f = click.option("--emb-tables", type=click.IntRange(min=1), default=None,
+                     help="dlrm: embedding tables, one per categorical feature [clicks: 8; criteo: the file's "
+                          "categorical columns].")(f)
     return f
 
 

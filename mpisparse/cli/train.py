@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from ..config import AMP_MODES, DATASETS, DEVICES, TRAIN_MODELS, MPConfig, TrainConfig
+from ..config import AMP_MODES, DATASETS, DEVICES, DIR_DATASETS, TRAIN_MODELS, MPConfig, TrainConfig
 from ..mpi.device import check_amp_usable, check_device_usable
 from ..mpi.launch import under_mpi_launcher, under_torchrun
 from ..registry import SCHEMES
@@ -20,7 +20,7 @@ from ..runtimes import check_servers, check_torchrun, schemes_of, train_runtime
 from ..train.core import NoProgress
 from . import output, session
 from .options import (progress_options, trace_option, SectionedCommand, cuda_aware_option, diagnostics_option, mpi_options, output_options,
-                      gpt_size_options, pick_scheme_options, scheme_options, step_options, usage, validated,
+                      gpt_size_options, table_options, pick_scheme_options, scheme_options, step_options, usage, validated,
                       writable_dir)
 from .restarts import check_restart_options, run_with_restarts
 from .session import maybe_relaunch, open_comm, open_torch_dist
@@ -37,12 +37,15 @@ def _split_after(text: str | None) -> list[str]:
 @click.command(cls=SectionedCommand)
 @mpi_options
 @click.option("--model", type=click.Choice(TRAIN_MODELS), default="mlp",
-              show_default=True, help="Network (lstm and gpt are language models: --data pydoc or text).")
+              show_default=True, help="Network (lstm and gpt are language models: --data pydoc or text; dlrm and "
+                                      "ncf recommendation models: --data clicks/criteo and ratings/movielens).")
 @click.option("--data", type=click.Choice(DATASETS), default=None,
-              help="digits ships with scikit-learn, pydoc (CPython's reference prose, bytes) with Python: no "
-                   "download; cifar10/text read --data-dir. [default: pydoc for lstm and gpt, else digits]")
+              help="digits ships with scikit-learn, pydoc (CPython's reference prose, bytes) with Python, clicks "
+                   "and ratings are generated: no download; cifar10/text/criteo/movielens read --data-dir. "
+                   "[default: pydoc for lstm and gpt, clicks for dlrm, ratings for ncf, else digits]")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="CIFAR-10 binary batches, or a text corpus (train.txt/valid.txt/test.txt or wiki.*.tokens).")
+              help="CIFAR-10 binary batches, a text corpus (train.txt/valid.txt/test.txt or wiki.*.tokens), "
+                   "Criteo's train.txt or MovieLens' ratings.dat/ratings.csv.")
 @click.option("--scheme", "schemes", type=click.Choice(sorted(SCHEMES)), multiple=True, default=("dense",),
               show_default=True, help="Scheme; repeat to train once with each and compare.")
 @click.option("--density", type=float, default=0.01, show_default=True,
@@ -59,6 +62,7 @@ def _split_after(text: str | None) -> list[str]:
 @click.option("--bptt", type=click.IntRange(min=1), default=35, show_default=True,
               help="The lstm's sequence length (gpt's is --gpt-context).")
 @gpt_size_options
+@table_options
 @click.option("--clip", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Clip the gradient norm to this before the optimizer step (0: off): the aggregate's norm, after the exchange (DDP's contract).")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -113,7 +117,8 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
           checkpoint_dir, resume, overwrite_checkpoint, max_skipped_steps, mp_stages, split_after, micro_batches, dp_scheme, dp_density, servers,
           cuda_aware=None, hierarchical=False, trace=None, progress_interval=10.0, no_progress=False,
           launcher="auto", overlap=False, max_restarts=0, min_ranks=None, gpt_layers=2, gpt_width=64, gpt_heads=4,
-          gpt_context=64, steps_per_epoch=0, amp="none", **scheme_opts) -> None:
+          gpt_context=64, steps_per_epoch=0, amp="none", emb_tables=None, emb_rows=None, emb_dim=16, row_sparse=True,
+          **scheme_opts) -> None:
     """Train a model across ranks with one or more schemes; print where the time goes.
 
     With --mp-stages S the model is split into S pipeline stages; --scheme
@@ -144,10 +149,11 @@ def train(nprocs, timeout, model, data, data_dir, schemes, density, epochs, batc
                           max_skipped_steps=max_skipped_steps, device=device, overlap=overlap,
                           trace=trace_path(trace, s, len(schemes) > 1), gpt_layers=gpt_layers, gpt_width=gpt_width,
                           gpt_heads=gpt_heads, gpt_context=gpt_context,
-                          steps_per_epoch=steps_per_epoch, amp=amp)
+                          steps_per_epoch=steps_per_epoch, amp=amp, emb_tables=emb_tables, emb_rows=emb_rows,
+                          emb_dim=emb_dim, row_sparse=row_sparse)
         cfgs.append(validated(cfg, nprocs))
     data = cfgs[0].data  # --data, or the model's default
-    _check_data_dir(data, data_dir)
+    _check_data_dir(data, data_dir, emb_tables)
     usage(check_device_usable, device, need_torch=True)
     usage(check_amp_usable, device, amp)
     if not (resume or overwrite_checkpoint):
@@ -229,12 +235,12 @@ def _torchrun(launcher: str, nprocs: int | None, cfgs) -> bool:
     return True
 
 
-def _check_data_dir(data: str, data_dir: str | None) -> None:
+def _check_data_dir(data: str, data_dir: str | None, tables: int | None = None) -> None:
     """Outside a launcher (``-n`` or one process): a missing dataset is one line before MPI starts.
 
     Under a launcher each rank reads its own (maybe node-local) folder and says so itself.
     """
-    if data_dir is None or data not in ("cifar10", "text") or under_mpi_launcher():
+    if data_dir is None or data not in DIR_DATASETS or under_mpi_launcher():
         return
     if not Path(data_dir).is_dir():
         raise click.UsageError(f"--data-dir {data_dir} is not a folder; allowed: an existing folder holding the "
@@ -242,8 +248,8 @@ def _check_data_dir(data: str, data_dir: str | None) -> None:
     from ..data import check_data_dir
 
     try:
-        check_data_dir(data, data_dir)
-    except FileNotFoundError as e:
+        check_data_dir(data, data_dir, tables)
+    except (FileNotFoundError, ValueError) as e:
         raise click.UsageError(f"--data-dir: {e}") from None
 
 

@@ -13,6 +13,9 @@ Everything is held in memory as torch tensors (pure torch/numpy, no MPI):
 * ``pydoc`` -- the English reference prose that ships inside CPython
   (``pydoc_data.topics``, about 465 KB), as a stream of UTF-8 bytes; the last
   10% held out (no download).
+* ``clicks``, ``ratings`` (generated), ``criteo``, ``movielens`` (read from
+  ``--data-dir``) -- recommendation data for ``dlrm`` and ``ncf``:
+  :mod:`mpisparse.data.recsys`.
 
 Sharding: :func:`shard_indices` gives each rank a disjoint slice of one
 permutation that every rank computes identically from ``(seed, epoch)``;
@@ -24,18 +27,19 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 import torch
+
+from .dataset import Dataset
 
 __all__ = [
     "DATASETS", "Dataset", "load_dataset", "shard_indices", "iterate_batches", "lm_batches",
     "read_cifar_batch", "CIFAR_TRAIN_FILES", "CIFAR_TEST_FILE", "EOS", "UNK", "LM_DATASETS", "load_pydoc",
 ]
 
-DATASETS = {"digits", "synthetic", "cifar10", "text", "pydoc"}
+DATASETS = {"digits", "synthetic", "cifar10", "text", "pydoc", "clicks", "ratings", "criteo", "movielens"}
 #: the token-stream datasets (``kind == "lm"``): what the language models train on
 LM_DATASETS = {"text", "pydoc"}
 
@@ -51,40 +55,6 @@ _TEXT_NAMES = (
     ("train.txt", "valid.txt", "test.txt"),
     ("wiki.train.tokens", "wiki.valid.tokens", "wiki.test.tokens"),
 )
-
-
-@dataclass
-class Dataset:
-    """An in-memory dataset.
-
-    For ``kind == "classification"`` the ``*_x`` tensors are float32 of shape
-    ``(N, *input_shape)`` and the ``*_y`` tensors int64 labels of shape ``(N,)``.
-    For ``kind == "lm"`` the ``*_x`` tensors are 1-D int64 token streams, the
-    ``*_y`` tensors are ``None`` (targets come from :func:`lm_batches`),
-    ``num_classes`` is the vocabulary size, ``input_shape`` is ``()`` and
-    ``vocab`` lists the words by index (None for the byte-level ``pydoc``).
-    """
-
-    name: str
-    kind: str
-    train_x: torch.Tensor
-    train_y: torch.Tensor | None
-    test_x: torch.Tensor
-    test_y: torch.Tensor | None
-    num_classes: int
-    input_shape: tuple
-    valid_x: torch.Tensor | None = None
-    valid_y: torch.Tensor | None = None
-    vocab: list[str] | None = None
-    meta: dict = field(default_factory=dict)
-
-    @property
-    def n_train(self) -> int:
-        return int(self.train_x.shape[0])
-
-    @property
-    def n_test(self) -> int:
-        return int(self.test_x.shape[0])
 
 
 # --------------------------------------------------------------------------- entry point
@@ -104,6 +74,10 @@ def load_dataset(name: str, *, data_dir: str | None = None, seed: int = 0, image
         raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(sorted(DATASETS))}")
     if name in ("cifar10", "text") and data_dir is None:
         raise ValueError(f"--data-dir is required for dataset {name!r}")
+    if name in ("clicks", "ratings", "criteo", "movielens"):  # keywords: tables, rows
+        from .recsys import load_recsys
+
+        return load_recsys(name, data_dir=data_dir, seed=seed, **kw)
     if name == "digits":
         return load_digits(seed=seed, image=image, **kw)
     if name == "synthetic":
@@ -273,12 +247,17 @@ def _no_cifar(data_dir: str) -> str:
             f"subfolder): expected {CIFAR_TEST_FILE} and at least one of {', '.join(CIFAR_TRAIN_FILES)}.")
 
 
-def check_data_dir(data: str, data_dir: str | None) -> None:
-    """Raise FileNotFoundError (one line) if ``data_dir`` lacks the files ``--data`` reads; reads nothing."""
+def check_data_dir(data: str, data_dir: str | None, tables: int | None = None) -> None:
+    """Raise FileNotFoundError (one line) if ``data_dir`` lacks the files ``--data`` reads (a click file: ValueError
+    when its columns do not match ``tables``, from its first line); reads nothing else."""
     if data == "cifar10" and data_dir and _cifar_dir(data_dir) is None:
         raise FileNotFoundError(_no_cifar(data_dir))
     if data == "text" and data_dir:
         _text_files(data_dir)
+    if data in ("criteo", "movielens") and data_dir:
+        from .recsys import check_recsys_files
+
+        check_recsys_files(data, data_dir, tables)
 
 
 def load_cifar10(data_dir: str) -> Dataset:

@@ -13,9 +13,13 @@
   512 channels (strides 1, 2, 2, 2; 1x1 conv + BatchNorm projection
   shortcuts), BatchNorm, global average pool, fc.  11,173,962 parameters for
   3 input channels and 10 classes; 32x32 inputs end at 4x4, 8x8 at 1x1.
-* ``dlrm`` -- the dense part of a DLRM as in the DCT paper, Sec. 3.1: bottom MLP
-  (FC + ReLU, 512-256-64-16), top MLP (512-256-128-classes), see
-  :mod:`mpisparse.models.dlrm` (``bottom``/``top`` set the widths).
+* ``dlrm`` -- DLRM as in the DCT paper, Sec. 3.1: bottom MLP (FC + ReLU,
+  512-256-64-16), embedding tables (``tables``: rows of each; ``dim``) and the
+  dot interaction, top MLP (512-256-128-1), a click logit; without ``tables``
+  its dense part (top MLP to ``classes``), see :mod:`mpisparse.models.dlrm`
+  (``bottom``/``top`` set the widths).
+* ``ncf`` -- NeuMF (He et al., 2017): GMF and MLP towers over user and item
+  embeddings (``tables = [users, items]``, ``dim``), :mod:`mpisparse.models.ncf`.
 * ``lstm`` -- word language model: Embedding(vocab, 200) -> 2-layer LSTM
   (200 units) -> Linear(200, vocab); ``forward(x, hidden=None)`` returns
   ``(logits (bptt, batch, vocab), hidden)``.  ``num_classes`` is the vocabulary size.
@@ -41,11 +45,12 @@ from torch import nn
 
 from .dlrm import DLRM
 from .gpt import GPT
+from .ncf import NCF
 
 __all__ = ["NETS", "build_model", "bench_net", "needs_image", "is_lm", "MLP", "SmallCNN", "ResNet18",
-           "BasicBlock", "LSTMLM", "GPT", "DLRM", "FlatLM", "detach_hidden"]
+           "BasicBlock", "LSTMLM", "GPT", "DLRM", "NCF", "FlatLM", "detach_hidden"]
 
-NETS = {"mlp", "cnn", "resnet18", "lstm", "gpt", "dlrm"}
+NETS = {"mlp", "cnn", "resnet18", "lstm", "gpt", "dlrm", "ncf"}
 _IMAGE_NETS = {"cnn", "resnet18"}
 _LM_NETS = {"lstm", "gpt"}
 
@@ -198,7 +203,8 @@ class LSTMLM(nn.Module):
 def build_model(name: str, *, input_shape: tuple, num_classes: int, **kw) -> nn.Module:
     """Build model ``name`` for samples of ``input_shape`` and ``num_classes`` outputs.
 
-    Keywords: ``mlp``: ``hidden=128``; ``dlrm``: ``bottom``, ``top``; ``lstm``: ``emb=200``, ``hidden=200``,
+    Keywords: ``mlp``: ``hidden=128``; ``dlrm``: ``bottom``, ``top``, ``tables``, ``dim``, ``sparse``; ``ncf``:
+    ``tables`` (``[users, items]``, required), ``dim``, ``sparse``; ``lstm``: ``emb=200``, ``hidden=200``,
     ``layers=2``, ``dropout=0.0``; ``gpt``: ``context=64``, ``width=64``, ``layers=2``, ``heads=4``;
     ``cnn`` and ``resnet18`` take none.
     Image models need ``input_shape == (C, H, W)``; the language models
@@ -220,6 +226,12 @@ def build_model(name: str, *, input_shape: tuple, num_classes: int, **kw) -> nn.
         return MLP(math.prod(input_shape), num_classes, **kw)
     if name == "dlrm":
         return DLRM(math.prod(input_shape), num_classes, **kw)
+    if name == "ncf":
+        tables = kw.pop("tables", None)
+        if tables is None or len(tables) != 2 or input_shape != (2,):
+            raise ValueError(f"model 'ncf' needs (user, item) inputs and tables=[users, items]; got input_shape "
+                             f"{input_shape}, tables {tables}: train it on --data ratings or movielens")
+        return NCF(*tables, **kw)
     if len(input_shape) != 3:
         raise ValueError(f"model {name!r} needs (C, H, W) inputs, got input_shape {input_shape}; "
                          f"load the dataset with image=True")
@@ -252,12 +264,22 @@ def bench_net(name: str, batch: int, *, generator: torch.Generator, input_shape:
     ``cross_entropy(net(x), y)`` for every model.
 
     Classifiers take ``batch`` samples of ``input_shape`` (normal) with labels in ``[0, num_classes)``;
+    ``dlrm`` and ``ncf`` the tables of the generated click and rating data (dense, 1,000 rows each) and a batch
+    of random ids (and normal dense features) with random clicks;
     the language models (``lstm``, ``gpt`` at their default sizes, ``vocab`` tokens: 256, the byte
     vocabulary of the ``pydoc`` text) take ``batch`` windows of ``seq_len`` random tokens, each target the
     next token, wrapped in :class:`FlatLM`.  The net's parameters come from torch's global generator (seed
     it first), the batch from ``generator``.
     """
     _check(name)
+    if name in ("dlrm", "ncf"):  # dense tables (sparse=False): the benchmarks' gradient is one dense vector
+        from ..data.recsys import DEFAULT_ROWS, DEFAULT_TABLES, DENSE_FEATURES
+
+        tables = [DEFAULT_ROWS] * (DEFAULT_TABLES if name == "dlrm" else 2)
+        ids = torch.randint(0, DEFAULT_ROWS, (batch, len(tables)), generator=generator).float()
+        x = torch.cat([torch.randn(batch, DENSE_FEATURES, generator=generator), ids], 1) if name == "dlrm" else ids
+        net = build_model(name, input_shape=(x.shape[1],), num_classes=2, tables=tables)
+        return net, x, torch.randint(0, 2, (batch,), generator=generator)
     if name in _LM_NETS:
         net = FlatLM(build_model(name, input_shape=(), num_classes=vocab))
         stream = torch.randint(0, vocab, (seq_len + 1, batch), generator=generator)

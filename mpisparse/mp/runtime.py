@@ -49,6 +49,7 @@ from ..results.timing import PHASES, PhaseTimer, reduce_over_ranks
 from ..torch import DistributedOptimizer
 from ..torch.sgd import SGD
 from ..train.core import LoopState, StepOutcome, TrainStep, mean_over_ranks, run_loop
+from ..train.recsys import data_options, is_recsys, model_options, recsys_metrics
 from .config import MPConfig
 from .link import ActivationLink
 from .scheme import MPScheme
@@ -103,8 +104,12 @@ class MPTrainer(TrainStep):
         np.random.seed(cfg.seed)
         torch.set_num_threads(1)
         self.ds = dataset if dataset is not None else load_dataset(
-            cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, image=needs_image(cfg.model))
-        model = build_model(cfg.model, input_shape=self.ds.input_shape, num_classes=self.ds.num_classes)
+            cfg.data, data_dir=cfg.data_dir, seed=cfg.seed, image=needs_image(cfg.model), **data_options(cfg))
+        model = build_model(cfg.model, input_shape=self.ds.input_shape, num_classes=self.ds.num_classes,
+                            **model_options(cfg, self.ds, sparse=cfg.row_sparse))
+        #: DLRM with tables: every stage binds each batch's ids (the stage holding the tables reads them)
+        self._bind = getattr(model, "bind_input", None) if self.ds.meta.get("tables") else None
+        self.recsys = is_recsys(model)
         self.n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
         self.plan = plan_stages(model, S, mp.split_after or None)
         self.shapes = split_shapes(model, self.plan.cuts, self.ds.train_x[:1])
@@ -163,17 +168,20 @@ class MPTrainer(TrainStep):
         """Forward and backward of one batch through the pipeline, then the optimizer step.
 
         Every stage passes the batch's labels ``y`` (for its size and the
-        micro-batch split); only stage 0 needs ``x``.  Returns the batch's
+        micro-batch split); only stage 0 needs ``x`` (and, for DLRM with tables, every stage: each binds the
+        batch's ids).  Returns the batch's
         mean loss on the last stage, None elsewhere.
         """
         rows = int(y.shape[0])
         M = min(self.mp.micro_batches, rows)
         ys = torch.tensor_split(y, M) if M > 1 else (y,)
-        xs = (torch.tensor_split(x, M) if M > 1 else (x,)) if self.first else (None,) * M
+        xs = (torch.tensor_split(x, M) if M > 1 else (x,)) if x is not None else (None,) * M
         saved = []
         # forward passes of all micro-batches (GPipe)
         for m in range(M):
             inp = xs[m] if self.first else self.prev.recv_activations(m)
+            if self._bind is not None:
+                self._bind(xs[m])
             with self.timer.phase("forward"):
                 out = self.module(inp)
                 if self.last:
@@ -214,7 +222,7 @@ class MPTrainer(TrainStep):
         """The optimizer's step without a data-parallel exchange, skipped (False) when a gradient is not
         finite, undone (False) when it leaves a parameter non-finite."""
         params = [p for p in self.module.parameters() if p.requires_grad]
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [p.grad.coalesce().values() if p.grad.is_sparse else p.grad for p in params if p.grad is not None]
         if grads and not bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
             self.sgd.zero_grad()
             return False
@@ -232,17 +240,26 @@ class MPTrainer(TrainStep):
         """Loss and accuracy over every replica's share of a set, through the pipeline (no stats)."""
         self.module.eval()
         loss_sum = correct = count = 0.0
+        scores, labels = [], []
         with torch.no_grad():
             for x, y in batches:
                 inp = x if self.first else self.prev.recv_activations(training=False)
+                if self._bind is not None:
+                    self._bind(x)
                 out = self.module(inp)
-                if self.last:
+                if self.last and self.recsys:
+                    scores.append((out[:, 1] - out[:, 0]).numpy())
+                    labels.append(y.numpy())
+                elif self.last:
                     loss_sum += F.cross_entropy(out, y, reduction="sum").item()
                     correct += (out.argmax(1) == y).sum().item()
                     count += y.numel()
                 else:
                     self.next.send_activations(out, training=False)
         self.module.train()
+        if self.recsys:  # the click model's held-out loss, accuracy and AUC (every stage takes part)
+            return recsys_metrics(self.comm, np.concatenate(scores) if scores else np.zeros(0, np.float32),
+                                  np.concatenate(labels) if labels else np.zeros(0, np.int64), False)
         loss_sum, correct, count = self.comm.allreduce(np.array([loss_sum, correct, count], dtype=np.float64))
         return {"loss": loss_sum / max(count, 1.0), "accuracy": correct / max(count, 1.0)}
 
@@ -256,7 +273,7 @@ class MPTrainer(TrainStep):
         x, y = batch
         before_dp, skipped = self.group.bytes_sent, self.skipped_steps
         kept0 = (self.next.stats.kept, self.next.stats.entries) if self.next else (0, 0)
-        loss = self.train_step(x if self.first else None, y)
+        loss = self.train_step(x if self.first or self._bind is not None else None, y)
         self._dp_bytes.append(self.group.bytes_sent - before_dp)
         if self.next is not None:
             k, e = self.next.stats.kept - kept0[0], self.next.stats.entries - kept0[1]

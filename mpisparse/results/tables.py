@@ -153,6 +153,15 @@ def _train_table(res: RunResult) -> str:
         extra["test accuracy"] = f"{100 * final['test_accuracy']:.2f}%"
     if "test_perplexity" in final:
         extra["test perplexity"] = f"{final['test_perplexity']:.2f}"
+    for key, label in (("test_auc", "test AUC"), ("test_hit_rate", "test HR@10")):
+        if key in final:
+            extra[label] = f"{final[key]:.4f}" if key == "test_auc" else f"{100 * final[key]:.2f}%"
+    emb = res.extra.get("embeddings")
+    if emb:  # the tables' row-sparse exchange (mpisparse.torch.rows)
+        extra["table rows/step"] = f"{emb['rows_touched_per_step']:,.0f} of {sum(emb['rows']):,}"
+        extra["table bytes/step"] = (f"{emb['bytes_per_step']:,.0f} (dense tables: "
+                                              f"{emb['table_bytes']:,}; the rest of the step: "
+                                              f"{emb.get('dense_bytes_per_step', 0):,.0f})")
     if res.mp is not None:
         extra.update(mp_summary(res))
     names = [k for k in (TRAIN_PHASES if res.ps is None else tuple(res.phases))
@@ -186,7 +195,9 @@ def format_train_comparison(results: Sequence[RunResult]) -> str:
     rows = []
     for r in results:
         f = r.final_metrics
-        acc = f"{100 * f['test_accuracy']:.2f}%" if "test_accuracy" in f else f"ppl {f.get('test_perplexity', 0):.1f}"
+        acc = (f"AUC {f['test_auc']:.4f}" if "test_auc" in f else f"HR {100 * f['test_hit_rate']:.2f}%"
+               if "test_hit_rate" in f else f"{100 * f['test_accuracy']:.2f}%" if "test_accuracy" in f
+               else f"ppl {f.get('test_perplexity', 0):.1f}")
         rows.append([r.label, acc, f"{f.get('test_loss', float('nan')):.4f}", f"{r.step_seconds * 1e3:.2f}",
                      f"{r.bytes_sent_per_rank:,.0f}", f"{r.density_actual:.5f}"])
     return _render(_table([("scheme", "<"), ("test acc", ">"), ("test loss", ">"), ("step ms", ">"),

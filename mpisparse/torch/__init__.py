@@ -79,6 +79,7 @@ from ..backend.pages import settle
 from ..schemes import create
 from ..results.timing import PhaseTimer
 from .guard import OverflowGuard
+from .rows import RowsMixin
 from .overlap import _gather, _is_view
 from .params import NO_SYNC, ParameterSync
 
@@ -547,7 +548,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     scheme allows with more than one rank, else the plain step, said once in
     one line on rank 0 (the scheme's ``bucket_reason``); False: the plain
     step (the exchange after backward); True: overlap or a ValueError.
-    bucket_cap_mb: the least size of a bucket.
+    bucket_cap_mb: the least size of a bucket. sparse_rows: the embedding tables (:mod:`mpisparse.torch.rows`).
     """
     if isinstance(named_parameters, torch.nn.Module):  # older positional form: (opt, model, scheme, density)
         model = named_parameters
@@ -572,7 +573,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters=None
     if extra:
         raise ValueError(f"named_parameters has {len(extra)} parameters the optimizer does not hold, "
                          f"e.g. {extra[0]!r}; allowed: the optimizer's parameters")
-    cls = type(type(optimizer).__name__, (_DistributedMixin, type(optimizer)), {})
+    cls = type(type(optimizer).__name__, (RowsMixin, _DistributedMixin, type(optimizer)), {})
     dist = cls.__new__(cls)
     dist.__dict__.update(optimizer.__dict__)  # the same param_groups, state and defaults objects
     dist._setup(optimizer, named, model, scheme, density, comm, timer, memory, seed,

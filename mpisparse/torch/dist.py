@@ -333,11 +333,16 @@ class HookState:
         """Bucket ``index``'s mean over ranks written into ``buf`` (its own dtype): a float32 bucket in place
         (the scheme's array views it through DLPack), a 16-bit one through its float32 copy, so that the
         scheme computes and keeps its error feedback in float32 and the mean is rounded once, on the way back."""
-        sch = self.scheme_for(index, layout)
-        if buf.dtype == torch.float32:
+        if buf.is_sparse:  # an nn.Embedding(sparse=True) table: its touched rows' exact mean (mpisparse.torch.rows)
+            from .rows import sparse_mean
+
+            buf.copy_(sparse_mean(self.comm, buf))
+        elif buf.dtype == torch.float32:
+            sch = self.scheme_for(index, layout)
             vec = backend.as_array(buf.detach())
             sch.step(vec, out=vec)  # vec views the bucket: the mean is written into it, no output vector
         else:
+            sch = self.scheme_for(index, layout)
             wide = self._wide.get(index)
             if wide is None or wide.numel() != buf.numel() or wide.device != buf.device:
                 wide = self._wide[index] = torch.empty(buf.numel(), dtype=torch.float32, device=buf.device)

@@ -53,6 +53,8 @@ class SGD:
                 if p.grad is None:
                     continue
                 d = p.grad if not g["maximize"] else -p.grad
+                if d.is_sparse and (wd != 0 or mom != 0):  # an embedding's rows: momentum as for a dense table
+                    d = d.to_dense()
                 if wd != 0:
                     d = d.add(p, alpha=wd)
                 if mom != 0:

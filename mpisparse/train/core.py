@@ -210,8 +210,10 @@ def mean_over_ranks(comm, values: Sequence[float]) -> float:
 
 def epoch_line(r: dict[str, Any], epochs: int) -> str:
     """The line printed after an epoch."""
-    test = (f"test acc {100 * r['test_accuracy']:.2f}%" if "test_accuracy" in r
+    test = (f"test HR@10 {100 * r['test_hit_rate']:.2f}%" if "test_hit_rate" in r
+            else f"test acc {100 * r['test_accuracy']:.2f}%" if "test_accuracy" in r
             else f"test ppl {r['test_perplexity']:.2f}")
+    test += f"  test AUC {r['test_auc']:.4f}" if "test_auc" in r else ""
     return (f"epoch {r['epoch']}/{epochs}  train loss {r['train_loss']:.4f}  test loss {r['test_loss']:.4f}  "
             f"{test}  ({r['wall_seconds']:.1f}s)")
 

@@ -255,7 +255,7 @@ class CollectiveStep(ModelStep):
 
     def result(self, loop: LoopState):
         cfg, dopt = self.cfg, self.dopt
-        return collective_result(
+        res = collective_result(
             self.comm, scheme=cfg.scheme, density_target=cfg.density, timer=self.timer,
             step_bytes=loop.step_bytes, selected=loop.selected, n=dopt.layout.n,
             config={**asdict(cfg), **{f"scheme.{k}": v for k, v in dopt.scheme.opts.items()}},
@@ -263,6 +263,9 @@ class CollectiveStep(ModelStep):
             staging=self.staging if cfg.device != "cpu" else None,
             skipped_steps=dopt.skipped_steps, metrics=loop.metrics(),
             rss_bytes_at_step=_max_over_ranks(self.comm, loop.rss))
+        if dopt.rows is not None:  # the tables' row-sparse exchange, its bytes apart from the scheme's
+            res.extra["embeddings"] = dopt.rows.report(self.comm, float(np.mean(loop.step_bytes or [0])))
+        return res
 
 
 def _max_over_ranks(comm, rss: dict[str, int]) -> dict[str, int] | None:
