@@ -200,7 +200,9 @@ def format_train_comparison(results: Sequence[RunResult]) -> str:
                else f"ppl {f.get('test_perplexity', 0):.1f}")
         rows.append([r.label, acc, f"{f.get('test_loss', float('nan')):.4f}", f"{r.step_seconds * 1e3:.2f}",
                      f"{r.bytes_sent_per_rank:,.0f}", f"{r.density_actual:.5f}"])
-    return _render(_table([("scheme", "<"), ("test acc", ">"), ("test loss", ">"), ("step ms", ">"),
+    metric = "test acc" if all("test_accuracy" in r.final_metrics and "test_auc" not in r.final_metrics
+                               for r in results) else "test metric"
+    return _render(_table([("scheme", "<"), (metric, ">"), ("test loss", ">"), ("step ms", ">"),
                            ("bytes/rank", ">"), ("density", ">")], rows))
 
 
