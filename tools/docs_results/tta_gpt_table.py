@@ -65,21 +65,22 @@ def _render(res: dict[str, Any], quick: bool) -> str:
             parts.append(f"(no result at {rate})")
             continue
         speed = rate.replace("mbit", " Mbit/s").replace("gbit", " Gbit/s")
-        winner = adv.get("winner")
+        ran = {x["label"] for x in tta["rows"]}
+        predicted = [r for r in adv.get("rows", []) if r["scheme"] in ran and r["time_to_target"] is not None]
+        winner = min(predicted, key=lambda r: r["time_to_target"])["scheme"] if predicted else None
         measured = min((x for x in tta["rows"] if x["reached"]), key=lambda x: x["seconds_to_target"], default=None)
         parts.append(
             f"### Links of {speed}\n\n"
             + md_table(["scheme", "steps to target", "s to target (measured)", "s to target (advisor)",
                         "advisor's error", f"speedup vs {tta['baseline']}", "final held-out loss", "step ms (measured)",
                         "step ms (advisor)", "bytes/rank/step"], _rows(tta, adv))
-            + f"\n\nAdvisor's winner: `{winner}`; measured winner: "
+            + f"\n\nAdvisor's winner among these schemes: `{winner}`; measured winner: "
             + (f"`{measured['label']}`" if measured else "none reached the target")
             + f"; the advisor's compute step: {1e3 * adv['setting']['compute']:.0f} ms ({adv.get('compute_from')}).")
     t = res.get(f"tta-{(QUICK_RATES if quick else RATES)[0]}") or {}
-    target = (t.get("target") or {})
     head = (f"gpt (the default tiny size) on the bundled pydoc text, W = {HOSTS} (one rank per emulated host), batch "
             f"{BATCH} windows per rank, density {DENSITY} for the sparse schemes; target: held-out "
-            f"{target.get('metric', 'loss')} {target.get('value', '')}, at most "
+            f"{t.get('target_metric', 'loss')} {t.get('target', '')}, at most "
             f"{QUICK['max_steps'] if quick else MAX_STEPS} steps, the held-out text evaluated every "
             f"{QUICK['eval_every'] if quick else EVAL_EVERY} steps (untimed). `dense-opt` is the optimized dense "
             "baseline (a 16-bit wire, overlapped with backward), `dense` float32 after backward.\n\n")
