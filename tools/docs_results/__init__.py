@@ -47,6 +47,7 @@ from . import advisor_table  # noqa: F401
 from . import tta_table  # noqa: F401
 from . import tta_gpt_table  # noqa: F401
 from . import tta_recsys_table  # noqa: F401
+from . import advisor_hosts_table  # noqa: F401
 from . import advisor_gpu_table  # noqa: F401
 from .bench_tables import STEP_OUTPUTS
 from .cli_reference import generate_cli, subcommands

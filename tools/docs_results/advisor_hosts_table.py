@@ -1,10 +1,8 @@
 """The advisor against measured training steps on 2 emulated hosts of 2 ranks, flat and two-level, at three
 links (issue 45 item 5): ``docs/results/advisor-hosts.md``.
 
-Not yet registered (``tools/docs_results/__init__.py`` does not import it): every table needs its committed
-results file (``tests/test_docs_results.py``), and this one needs the emulated cluster (root) and a quiet machine
-for about half an hour.  To generate it: add ``from . import advisor_hosts_table  # noqa: F401`` to
-``tools/docs_results/__init__.py``, then ``bin/docs-results --only advisor-hosts``.
+It needs the emulated cluster (root) and a quiet machine for about half an hour: ``bin/docs-results --only
+advisor-hosts``.
 
 What is measured, per link rate (one emulated NIC per host, the token bucket of ``bin/emucluster``): the link as
 dense's exchange carried it with one rank a host (``bench exchange``), and each way's step on 2 hosts x 2 ranks
