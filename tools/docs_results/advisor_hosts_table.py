@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .advisor_table import EMU_BURST, _block
-from .framework import Run, Table, _emucluster_unavailable, md_table
+from .framework import Run, Table, _emucluster_unavailable, _table, md_table
 
 #: the emulated NIC rates, fastest first
 RATES = ("1gbit", "300mbit", "30mbit")
@@ -71,7 +71,7 @@ def _render(res: dict[str, Any], quick: bool) -> str:
     return "\n".join(out)
 
 
-TABLE = Table(
+TABLE = _table(Table(
     name="advisor-hosts",
     title="The advisor against measured steps on 2 emulated hosts of 2 ranks, flat and two-level",
     about=("`mpisparse advise` with several ranks a host (`--ranks-per-host 2`): each exchange modelled as the code "
@@ -81,4 +81,4 @@ TABLE = Table(
     runs=_runs,
     render=_render,
     unavailable=lambda: _emucluster_unavailable(),
-)
+))
