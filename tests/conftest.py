@@ -310,6 +310,17 @@ def bench_step(ranks: int, tmp_path: Path, *args: str, name: str = "bench") -> d
     return json.loads(path.read_text())
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one intra-op torch thread is fastest, and robust on a loaded machine (a module's tests)."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.fixture
 def mpirun():
     return mpi_run

@@ -15,12 +15,7 @@ from mpisparse.models.nets import bench_net, build_model, is_lm
 from mpisparse.models.shapes import layer_shapes, num_params
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _tiny(vocab=50, **kw):

@@ -10,13 +10,7 @@ from mpisparse.data import lm_batches, load_dataset
 from mpisparse.models.nets import NETS, build_model, detach_hidden, is_lm, needs_image
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """These models are tiny: one intra-op thread is fastest, and robust on a loaded machine."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def n_params(model: nn.Module) -> int:
