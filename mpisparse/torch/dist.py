@@ -383,11 +383,14 @@ class HookState:
             fut.set_result(buf)
 
     def close(self) -> None:
-        """Stop the exchange thread (after the buckets queued) and destroy its process group."""
+        """Stop the exchange thread (after the buckets queued) and destroy its process group, once every rank
+        has stopped using it (a barrier first: a gloo group torn down while a peer still talks on it can hang
+        that peer, seen under Open MPI's launcher)."""
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
         if self._own_group is not None and dist.is_initialized():
+            dist.barrier(group=self._own_group)
             dist.destroy_process_group(self._own_group)
         self._own_group = self._comm = None
 

@@ -185,7 +185,8 @@ def ddp_hook(reference):
         if scheme == "dense":  # the same mean as DistributedOptimizer's
             for n in params:
                 np.testing.assert_allclose(params[n], reference[n], rtol=1e-5, atol=1e-6, err_msg=f"DDP {n}")
-    if own_group:
+    if own_group:  # every rank done with the group before it goes (a peer torn down early can hang the other)
+        dist.barrier()
         dist.destroy_process_group()
 
 
