@@ -417,6 +417,7 @@ def test_gpu_select_benches_run_and_report(cp):
     assert all(res["checks"][f"topk_exact_{m}"] for m in ("auto", "sample", "radix", "radix2"))
     text = select_gpu.format_select_bench_gpu(res)
     assert "auto picked" in text
+    assert {t.split(" ")[0] for t in res["targets"]} >= {"threshold_select/copy", "topk_abs_radix2/copy"}
     rows = select_gpu.run_deft_select_bench_gpu(models=("ncf",), worlds=(2,), repeats=1)
     assert [r["world_size"] for r in rows] == [2]
     assert all(r["deft_max_seconds"] > 0 and r["norms_ms"] > 0 for r in rows)

@@ -10,12 +10,13 @@ from mpisparse.bench.gpucheck import STEP_SCHEMES, Check, plan, run_check, summa
 def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     checks = plan(tmp_path, python="python")
     names = [c.name for c in checks]
-    assert names[:14] == ["gpu-tests", "info", "select", "select-deft", "fixed-cost", "step-torch-peer",
+    assert names[:18] == ["gpu-tests", "info", "select", "select-deft", "fixed-cost", "step-torch-peer",
                           "library-cuda", "step", "step-hier", "step-cpu-16", "step-cpu-16-gradient", "torchrun-cuda",
-                          "impi-info", "impi-step"]
+                          "impi-info", "impi-step", "cuda-mpi-info", "cuda-mpi-tests", "cuda-mpi-step",
+                          "cuda-mpi-step-staged"]
     lib = next(c for c in checks if c.name == "library-cuda")
     assert lib.argv[lib.argv.index("overlap") - 1] == "bench" and lib.argv[lib.argv.index("--device") + 1] == "cuda"
-    assert names[14:-2] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
+    assert names[18:-2] == [f"train-{d}-{s}" for s in STEP_SCHEMES for d in ("cuda", "cpu")]
     assert names[-2:] == ["tta-cuda", "select-sweep"]
     tta = next(c for c in checks if c.name == "tta-cuda")
     assert tta.argv[tta.argv.index("--device") + 1] == "cuda" and "--quick" in tta.argv
@@ -40,28 +41,59 @@ def test_the_plan_runs_every_gpu_benchmark_and_short_trains(tmp_path):
     assert "--cuda-aware" in impi[1].argv
 
 
-def test_issue_table_says_measured_target_met_for_every_row():
-    from mpisparse.bench.gpucheck import issue_table
+def test_floor_table_says_measured_target_met_for_every_row():
+    from mpisparse.bench.gpucheck_floor import floor_table
 
-    results = {
-        "select": {"timings": {"topk_abs": {"best_ms": 0.095}, "topk_abs_radix2": {"best_ms": 0.12}},
-                   "ratios": {"torch_topk/topk_abs": 7.2, "threshold_select/one_read": 2.3,
-                              "torch_topk/topk_abs_radix2": 5.7}},
-        "fixed-cost": {"n": 65536, "target_ms": 0.015, "replay_equals_fresh": True,
+    results = {  # recorded-style results: radix2 at 1.2 copies misses, threshold at 0.7 copies meets, ...
+        "select": {"timings": {"copy": {"best_ms": 0.060}, "topk_abs_radix2": {"best_ms": 0.072},
+                               "threshold_select": {"best_ms": 0.042}, "torch_topk": {"best_ms": 0.690}}},
+        "fixed-cost": {"n": 65536, "replay_equals_fresh": True,
                        "ms": {"threshold_select": {"plain": 0.04, "graph": 0.012, "graph_reuse": 0.010},
-                              "topk_abs_sample": {"plain": 0.11, "graph": 0.02, "graph_reuse": 0.018}}},
-        "select-deft": [{"world_size": 1, "deft_max_seconds": 0.0009, "norms_ms": 0.05},
-                        {"world_size": 4, "deft_max_seconds": 0.00025, "norms_ms": 0.05}],
-        "step-torch-peer": [{"scheme": "topk", "step_seconds": 0.003}, {"scheme": "torch-topk", "step_seconds": 0.009}],
-        "impi-step": [{"scheme": "dense", "staging_copies_per_step": {"d2h": 0, "h2d": 0}},
-                      {"scheme": "topk", "staging_copies_per_step": {"d2h": 0, "h2d": 0}}],
+                              "topk_abs_radix2": {"plain": 0.05, "graph": 0.016, "graph_reuse": 0.014}}},
+        "select-deft": [{"world_size": 1, "deft_max_seconds": 0.00081, "norms_ms": 0.049},
+                        {"world_size": 4, "deft_max_seconds": 0.00029, "norms_ms": 0.05}],
+        "library-cuda": {"rows": [{"scheme": "dense", "library_ms": 2.3, "library_local_step_ms": 1.4},
+                                  {"scheme": "topk", "library_ms": 2.0, "library_local_step_ms": 1.4}]},
+        "cuda-mpi-info": {"cuda_aware": True, "cuda_aware_how": "library: yes"},
+        "cuda-mpi-step": [{"scheme": "dense", "step_seconds": 0.004, "staging_copies_per_step": {"d2h": 0, "h2d": 0}},
+                          {"scheme": "topk", "step_seconds": 0.003, "staging_copies_per_step": {"d2h": 0, "h2d": 0}}],
     }
-    rows = issue_table(results)
-    assert [r["met"] for r in rows] == [True, False, False, True, True, True, False, True]
-    assert rows[6]["measured"] == "0.120 ms = 5.70x torch.topk" and "radix2" in rows[6]["row"]
-    assert rows[0]["measured"] == "0.095 ms = 7.20x torch.topk" and rows[0]["target"].startswith("<= 0.10 ms")
-    assert "topk_abs_sample 0.0180 ms (plain 0.1100)" in rows[2]["measured"]
-    assert all(r["met"] is None and r["measured"] == "-" for r in issue_table({}))
+    rows = floor_table(results)
+    assert [r["met"] for r in rows] == ["yardstick", False, True, True, True, False, True, True, False, True, True]
+    assert rows[1]["measured"] == "0.072 ms = 1.20 copies; torch.topk 0.690 ms = 9.6x"
+    assert rows[1]["target"] == "<= 1 copy and >= 11x torch.topk"
+    assert rows[2]["measured"] == "0.042 ms = 0.70 copies" and rows[2]["target"] == "<= 0.75 copy"
+    assert "topk_abs_radix2 0.0140 ms" in rows[3]["measured"]
+    assert [r["target"] for r in rows[4:7]] == ["<= 0.3 ms", "<= 0.8 ms", "<= 0.05 ms"]
+    assert rows[7]["measured"] == "0.90 ms (local step 1.40 ms)" and rows[8]["target"] == "<= 0.5 ms"
+    # a replay that differs from a fresh call fails the row however fast
+    results["fixed-cost"]["replay_equals_fresh"] = False
+    assert floor_table(results)[3]["met"] is False
+    # one staging copy fails the CUDA-aware row
+    results["cuda-mpi-step"][1]["staging_copies_per_step"]["d2h"] = 1
+    assert floor_table(results)[-1]["met"] is False
+    assert all(r["met"] is None and r["measured"] == "-" for r in floor_table({}))
+
+
+def test_floor_runs_the_table_checks_first_and_the_cuda_mpi_ones_under_its_env(tmp_path, monkeypatch):
+    from mpisparse.bench import gpucheck
+
+    monkeypatch.setattr(gpucheck, "_gpu_missing", lambda: None)
+    monkeypatch.setattr(gpucheck, "machine", lambda: {"device": "test"})
+    monkeypatch.delenv("MPISPARSE_CUDA_MPI", raising=False)
+    ran = []
+    monkeypatch.setattr(gpucheck, "run_check", lambda c, cwd: (ran.append(c.name), (0, 0.0, "ok"))[1])
+    assert gpucheck.main([str(tmp_path / "a"), "--floor"]) == 0
+    assert ran == [n for n in gpucheck.FLOOR_CHECKS if not n.startswith("cuda-mpi")]
+    md = (tmp_path / "a" / "gpu-check.md").read_text()
+    assert md.index("## The GPU floor (issue 47)") < md.index("## Targets")
+    assert "| cuda-mpi-info | skipped: set MPISPARSE_CUDA_MPI" in md
+    checks = {c.name: c for c in gpucheck.plan(tmp_path, cuda_mpi="/opt/x")}
+    aware = checks["cuda-mpi-step"]
+    assert aware.argv[:3] == gpucheck.UNDER_CUDA_MPI[:3] and "--cuda-aware" in aware.argv
+    assert "--no-cuda-aware" in checks["cuda-mpi-step-staged"].argv
+    assert aware.env["MPISPARSE_CUDA_MPI"] == "/opt/x" and not aware.skipped
+    assert checks["cuda-mpi-tests"].env["MPISPARSE_CUDA_AWARE"] == "1"
 
 
 DEFT_ROW = "train --scheme deft: the GPU run within 0.5 points of the CPU run (same seed)"

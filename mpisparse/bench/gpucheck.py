@@ -35,8 +35,14 @@ present (and mpisparse importable).  In one run it executes
     ``impi-rt``): ``info`` and ``bench step --device cuda`` under Intel MPI
     with ``I_MPI_OFFLOAD=1``: the CUDA-aware run (staging copies 0);
 
-The report's first table is issue 36's: for each of its rows measured,
-target, met (:func:`issue_table`).
+14. with ``MPISPARSE_CUDA_MPI`` (the folder of an unpacked CUDA-aware MPI
+    with its ``env.sh``, built by ``bin/build-cuda-mpi``): under that MPI,
+    ``info``, the device-path tests with device buffers handed to MPI, and
+    ``bench step --device cuda`` staged and CUDA-aware side by side.
+
+The report opens with the GPU floor's table (issue 47): for each of its rows
+measured, target, met (:mod:`.gpucheck_floor`).  ``--floor`` runs only the
+checks that table needs, within one 10-minute device call.
 
 and writes ``OUT_DIR/gpu-check.json`` and ``OUT_DIR/gpu-check.md``: the
 device, driver, CUDA, MPI, commit and date, each command with its exit code
@@ -61,7 +67,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["Check", "main", "plan", "summarise", "to_markdown"]
+from .gpucheck_floor import floor_table
+
+__all__ = ["Check", "floor_table", "main", "plan", "summarise", "to_markdown"]
 
 #: accuracy (percentage points) a GPU run of a scheme may differ from the CPU run of the same seed
 ACCURACY_POINTS = 0.5
@@ -94,10 +102,20 @@ class Check:
 
 #: Intel MPI with its NVIDIA device-buffer support on (mpisparse/mpi/vendor.py)
 IMPI_ENV = {"I_MPI_OFFLOAD": "1", "I_MPI_OFFLOAD_MODE": "cuda"}
+#: the checks the floor table reads (``--floor``), in the order they run
+FLOOR_CHECKS = ("info", "select", "fixed-cost", "select-deft", "library-cuda", "cuda-mpi-info", "cuda-mpi-tests",
+                "cuda-mpi-step", "cuda-mpi-step-staged", "gpu-tests")
+#: the command prefix that runs a command under the MPI in ``$MPISPARSE_CUDA_MPI`` (its env.sh sets PATH,
+#: LD_LIBRARY_PATH and OPAL_PREFIX)
+UNDER_CUDA_MPI = ["bash", "-c", '. "$MPISPARSE_CUDA_MPI/env.sh" && exec "$@"', "under-cuda-mpi"]
 
 
-def plan(out: Path, *, python: str = sys.executable, epochs: int = 3, impi_python: str | None = None) -> list[Check]:
+def plan(out: Path, *, python: str = sys.executable, epochs: int = 3, impi_python: str | None = None,
+         cuda_mpi: str | None = None) -> list[Check]:
     """The commands of a check writing into ``out`` (a pure function: tests read it).
+
+    ``cuda_mpi``: the folder of an unpacked CUDA-aware MPI (``bin/build-cuda-mpi``); without it the
+    checks under that MPI are skipped.
 
     ``impi_python``: the Python of a venv with mpi4py on Intel MPI (``pip install
     mpi4py impi-rt`` and this package); without it the Intel MPI checks are skipped.
@@ -159,6 +177,23 @@ def plan(out: Path, *, python: str = sys.executable, epochs: int = 3, impi_pytho
                             "--iters", "5", "--json", j("impi-step")], json=j("impi-step"), env=dict(IMPI_ENV),
               timeout=180, skipped=why),
     ]
+    # the carried CUDA-aware MPI: its own answer, the device-path tests with device buffers handed to MPI,
+    # and the same device step staged and CUDA-aware, side by side
+    why = "" if cuda_mpi else "skipped: set MPISPARSE_CUDA_MPI to the folder of bin/build-cuda-mpi's unpacked MPI"
+    env = {"MPISPARSE_CUDA_MPI": cuda_mpi or ""}
+    step = [*ms, "bench", "step", "-n", "2", "--device", "cuda", "--model", "resnet50", "--scheme", "dense",
+            "--scheme", "topk", "--density", "0.01", "--iters", "5"]
+    checks += [
+        Check("cuda-mpi-info", [*UNDER_CUDA_MPI, *ms, "info", "-n", "2", "--json", j("cuda-mpi-info")],
+              json=j("cuda-mpi-info"), env=env, timeout=90, skipped=why),
+        Check("cuda-mpi-tests", [*UNDER_CUDA_MPI, python, "-m", "pytest", "tests/test_gpu_comm.py",
+                                 "tests/test_device_path.py", "-q", "-rs", "-n", "0"],
+              env={**env, "MPISPARSE_CUDA_AWARE": "1", "MPISPARSE_TEST_GPU": "1"}, timeout=180, skipped=why),
+        Check("cuda-mpi-step", [*UNDER_CUDA_MPI, *step, "--cuda-aware", "--json", j("cuda-mpi-step")],
+              json=j("cuda-mpi-step"), env=env, timeout=150, skipped=why),
+        Check("cuda-mpi-step-staged", [*UNDER_CUDA_MPI, *step, "--no-cuda-aware", "--json", j("cuda-mpi-step-staged")],
+              json=j("cuda-mpi-step-staged"), env=env, timeout=150, skipped=why),
+    ]
     for s in TRAIN_SCHEMES:
         for device in ("cuda", "cpu"):
             name = f"train-{device}-{s}"
@@ -197,65 +232,6 @@ def _first(x: Any) -> Any:
 
 def _as_list(x: Any) -> list:
     return x if isinstance(x, list) else [x] if x else []
-
-
-def issue_table(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 36's rows: ``{"row", "measured", "target", "met"}`` (``met`` None where no command gave a result)."""
-    rows: list[dict[str, Any]] = []
-
-    def row(name, measured, target, met):
-        rows.append({"row": name, "measured": measured if met is not None else "-", "target": target, "met": met})
-
-    sel = _first(results.get("select"))
-    tk = ratio = None
-    if isinstance(sel, dict):
-        tk = (sel.get("timings", {}).get("topk_abs") or {}).get("best_ms")
-        ratio = sel.get("ratios", {}).get("torch_topk/topk_abs")
-    row("exact top-k (topk_abs, auto), 25M float32, d=0.001",
-        f"{tk:.3f} ms = {ratio:.2f}x torch.topk" if tk is not None and ratio is not None else "-",
-        "<= 0.10 ms (>= 6.5x torch.topk)", None if tk is None or ratio is None else tk <= 0.10 and ratio >= 6.5)
-    thr = sel.get("ratios", {}).get("threshold_select/one_read") if isinstance(sel, dict) else None
-    row("threshold select", f"{thr:.2f}x one read" if thr is not None else "-", "<= 2x one read",
-        None if thr is None else thr <= 2.0)
-    fc = results.get("fixed-cost")
-    if isinstance(fc, dict) and fc.get("ms"):
-        best = {k: min(v.values()) for k, v in fc["ms"].items()}
-        row(f"fixed cost of a call ({fc.get('n', 65536):,} elements)",
-            ", ".join(f"{k} {v:.4f} ms (plain {fc['ms'][k].get('plain', float('nan')):.4f})" for k, v in best.items())
-            + ("" if fc.get("replay_equals_fresh") else "; replay WRONG"),
-            f"<= {fc.get('target_ms', 0.015)} ms", all(v <= fc.get("target_ms", 0.015) for v in best.values())
-            and bool(fc.get("replay_equals_fresh")))
-    else:
-        row("fixed cost of a call (65,536 elements)", "-", "<= 0.015 ms", None)
-    deft = {r.get("world_size"): r for r in results.get("select-deft") or []}
-    w4 = deft.get(4)
-    row("DEFT per-rank selection, resnet50 d=0.01, W=4",
-        f"{1e3 * w4['deft_max_seconds']:.3f} ms" if w4 else "-", "<= 0.3 ms",
-        None if not w4 else 1e3 * w4["deft_max_seconds"] <= 0.3)
-    w1 = deft.get(1)
-    row("layer norms (161 layers)", f"{w1['norms_ms']:.3f} ms" if w1 else "-", "<= 0.06 ms",
-        None if not w1 else w1["norms_ms"] <= 0.06)
-    peer = {r.get("scheme"): r for r in _as_list(results.get("step-torch-peer"))}
-    if "topk" in peer and "torch-topk" in peer:
-        a, b = peer["topk"]["step_seconds"], peer["torch-topk"]["step_seconds"]
-        row("step against plain PyTorch (topk, resnet50, W=2)", f"{1e3 * a:.2f} ms vs {1e3 * b:.2f} ms",
-            "the toolkit's step faster", a < b)
-    else:
-        row("step against plain PyTorch (topk, resnet50, W=2)", "-", "the toolkit's step faster", None)
-    r2 = (sel.get("timings", {}).get("topk_abs_radix2") or {}).get("best_ms") if isinstance(sel, dict) else None
-    r2x = sel.get("ratios", {}).get("torch_topk/topk_abs_radix2") if isinstance(sel, dict) else None
-    row("exact top-k, radix2 (two reads, bucket chosen on the device), 25M float32, d=0.001",
-        f"{r2:.3f} ms = {r2x:.2f}x torch.topk" if r2 is not None and r2x is not None else "-",
-        "<= 0.10 ms (>= 6.5x torch.topk)", None if r2 is None or r2x is None else r2 <= 0.10 and r2x >= 6.5)
-    impi = _as_list(results.get("impi-step"))
-    if impi:
-        copies = [(r.get("staging_copies_per_step") or {}).get("d2h", 0) + (r.get("staging_copies_per_step") or {})
-                  .get("h2d", 0) for r in impi]
-        row("CUDA-aware MPI (Intel MPI, I_MPI_OFFLOAD=1): staging copies per step",
-            ", ".join(f"{r['scheme']} {c:g}" for r, c in zip(impi, copies)), "0", all(c == 0 for c in copies))
-    else:
-        row("CUDA-aware MPI (Intel MPI, I_MPI_OFFLOAD=1): staging copies per step", "-", "0", None)
-    return rows
 
 
 def summarise(checks: Sequence[Check], results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -326,7 +302,8 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines += [f"| {k} | {v} |" for k, v in m.items()]
     verdict = {True: "yes", False: "**no**", None: "no result"}
     if report.get("issue"):
-        lines += ["", "## Issue 36's table", "", "| row | measured | target | met |", "| --- | --- | --- | --- |"]
+        verdict["yardstick"] = "(yardstick)"
+        lines += ["", "## The GPU floor (issue 47)", "", "| row | measured | target | met |", "| --- | --- | --- | --- |"]
         lines += [f"| {r['row']} | {r['measured']} | {r['target']} | {verdict[r['met']]} |" for r in report["issue"]]
     lines += ["", "## Targets", "", "| target | measured | met |", "| --- | --- | --- |"]
     lines += [f"| {r['target']} | {r['measured']} | {verdict[r['met']]} |" for r in report["targets"]]
@@ -431,6 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated names of the checks to run (default: all)")
     ap.add_argument("--deadline", type=float, default=None,
                     help="skip the checks that would start more than this many seconds after the first")
+    ap.add_argument("--floor", action="store_true",
+                    help="only the checks of the GPU floor's table (issue 47), with --deadline 480 unless given")
     args = ap.parse_args(argv)
     missing = _gpu_missing()
     if missing:
@@ -438,15 +417,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    checks = plan(out, epochs=args.epochs, impi_python=os.environ.get("MPISPARSE_IMPI_PYTHON") or None)
+    checks = plan(out, epochs=args.epochs, impi_python=os.environ.get("MPISPARSE_IMPI_PYTHON") or None,
+                  cuda_mpi=os.environ.get("MPISPARSE_CUDA_MPI") or None)
     names = [n for n in args.only.split(",") if n]
+    if args.floor:
+        names = names or list(FLOOR_CHECKS)
+        args.deadline = 480.0 if args.deadline is None else args.deadline
     unknown = sorted(set(names) - {c.name for c in checks})
     if unknown:
         print(f"gpu-check: --only names {', '.join(unknown)}; the checks are "
               f"{', '.join(c.name for c in checks)}", file=sys.stderr)
         return 2
-    if names:
-        checks = [c for c in checks if c.name in names]
+    if names:  # in the order named (--floor's: the table's rows first, the whole GPU suite last)
+        checks = sorted((c for c in checks if c.name in names), key=lambda c: names.index(c.name))
     root = repo_root()
     results: dict[str, Any] = {}
     start = time.monotonic()
@@ -465,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  exit {c.returncode} in {c.seconds:.1f} s", flush=True)
         results[c.name] = _load(c)
     report = {"command": " ".join(["bin/gpu-check", *(argv if argv is not None else sys.argv[1:])]),
-              "machine": machine(), "issue": issue_table(results), "targets": summarise(checks, results),
+              "machine": machine(), "issue": floor_table(results), "targets": summarise(checks, results),
               "checks": [asdict(c) for c in checks]}
     (out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n")
     md = to_markdown(report)

@@ -17,9 +17,11 @@ warm-up call:
   when torch has CUDA;
 - ``estimate_threshold`` (1 % sample).
 
-Targets of the GPU path (mpisparse/backend/GPU_TODO.md): ``threshold_select / one_read <= 2`` and
-``torch_topk / topk_abs >= 5``.  The results are checked (exact top-k value
-set, threshold count) and returned as a dict; nothing is printed here.
+Targets of the GPU floor (issue 47, :mod:`mpisparse.bench.gpucheck_floor`), in copies:
+``threshold_select / copy <= 0.75`` (one read plus the selected writes),
+``topk_abs_radix2 / copy <= 1`` (two reads) and ``torch_topk / topk_abs_radix2 >= 11``.
+The results are checked (exact top-k value set, threshold count) and
+returned as a dict; nothing is printed here.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 
 from ..backend import cupy_kernels as ck
 from ..backend.numpy_select import kth_largest
+from . import gpucheck_floor as floor
 
 __all__ = ["run_select_bench_gpu", "format_select_bench_gpu", "run_deft_select_bench_gpu",
            "format_deft_select_bench_gpu"]
@@ -125,7 +128,9 @@ def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: i
     copy_best = timings["copy"]["best_ms"] / 1e3
     one_read_ms = copy_best / 2 * 1e3
     ratios = {"threshold_select/one_read": timings["threshold_select"]["best_ms"] / one_read_ms,
-              "topk_abs/one_read": timings["topk_abs"]["best_ms"] / one_read_ms}
+              "topk_abs/one_read": timings["topk_abs"]["best_ms"] / one_read_ms,
+              "threshold_select/copy": timings["threshold_select"]["best_ms"] / timings["copy"]["best_ms"],
+              "topk_abs_radix2/copy": timings["topk_abs_radix2"]["best_ms"] / timings["copy"]["best_ms"]}
     if "torch_topk" in timings:
         for name in ("topk_abs", "topk_abs_sample", "topk_abs_radix", "topk_abs_radix2"):
             ratios[f"torch_topk/{name}"] = timings["torch_topk"]["best_ms"] / timings[name]["best_ms"]
@@ -154,9 +159,12 @@ def run_select_bench_gpu(n: int = 25_000_000, density: float = 0.001, repeats: i
         "copy_bandwidth_bytes_per_s": 2 * x.nbytes / copy_best,
         "one_read_ms": one_read_ms,
         "ratios": ratios,
-        "targets": {"threshold_select/one_read <= 2": ratios["threshold_select/one_read"] <= 2.0,
-                    **({"torch_topk/topk_abs >= 5": ratios["torch_topk/topk_abs"] >= 5.0}
-                       if "torch_topk/topk_abs" in ratios else {})},
+        "targets": {f"threshold_select/copy <= {floor.THRESHOLD_COPIES:g}":
+                    ratios["threshold_select/copy"] <= floor.THRESHOLD_COPIES,
+                    f"topk_abs_radix2/copy <= {floor.TOPK_COPIES:g}": ratios["topk_abs_radix2/copy"] <= floor.TOPK_COPIES,
+                    **({f"torch_topk/topk_abs_radix2 >= {floor.TOPK_VS_TORCH:g}":
+                        ratios["torch_topk/topk_abs_radix2"] >= floor.TOPK_VS_TORCH}
+                       if "torch_topk/topk_abs_radix2" in ratios else {})},
         "checks": checks,
         "auto": {"picked": auto, "fastest": fastest, "times_ms": methods, "auto_is_fastest": auto == fastest},
         "host_device_split": split,
