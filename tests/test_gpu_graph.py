@@ -177,3 +177,58 @@ def test_layer_norms_sum_on_the_device_and_replay(cp, monkeypatch):
     cupy_graph.clear()
     np.testing.assert_array_equal(ck.segment_norms(d, starts, sizes), replayed[-1])  # plain launches: same bits
     assert cupy_segments.SEG_TILE == 8_192
+
+
+def _kernel_launches() -> int:
+    from mpisparse.backend import cupy_launch
+
+    return sum(f._k.launches for key, f in cupy_launch._modules.items() if len(key) == 3)
+
+
+def test_segmented_topk_is_one_graph_launch_per_call_with_nothing_read_back(cp):
+    """segment_topk_abs: every segment of a call in one graph launch from the second call on (plain, capture,
+    then replays; the emulated capture raises on a read back, an assignment or an allocation), four kernel
+    launches a call (float32's three digits and the output pass), no device-to-host copy inside a call (the
+    strict fake counts them), new ks replaying the same graph (one host-to-device copy of the ks), no
+    allocation with ``reuse=True``; exact against the NumPy kernel on every call, the input rewritten in place."""
+    from mpisparse.backend import cupy_segments
+
+    rng = np.random.default_rng(8)
+    sizes = np.array([5, 0, 30_000, 8_192, 1, 12_000, 700], dtype=np.int64)
+    starts = (np.concatenate([[0], np.cumsum(sizes)[:-1]]) + np.arange(sizes.size) * 3).astype(np.int64)
+    n = int(starts[-1] + sizes[-1])
+    xs = [rng.standard_normal(n).astype(np.float32) for _ in range(5)]
+    ks_a = np.array([2, 0, 300, 82, 1, 120, 700])
+    ks_b = np.array([5, 0, 150, 200, 0, 12, 7])  # other ks, a smaller total: the same output buffer
+    d = cp.asarray(xs[0])
+    paths = []
+    for i, (x, ks) in enumerate(zip(xs, (ks_a, ks_a, ks_b, ks_a, ks_b))):
+        d.set(x)
+        before, launched = dict(cupy_graph.STATS), _kernel_launches()
+        strictcupy.reset_counts()
+        if i == 4:
+            fakecupy.reset_allocations()
+        got = ck.segment_topk_abs(d, starts, sizes, ks, reuse=i == 4)
+        assert strictcupy.COUNTS["d2h"] == 0, strictcupy.COUNTS
+        assert strictcupy.COUNTS["h2d"] == [2, 0, 1, 1, 1][i]  # the layout's tile plan once; the ks when they change
+        assert _kernel_launches() - launched == 4
+        paths.append({key: v - before[key] for key, v in cupy_graph.STATS.items() if v != before[key]})
+        if i == 4:
+            assert fakecupy.ALLOCS["count"] == 0, fakecupy.ALLOCS
+        got = got.get()
+        want = nk.segment_topk_abs(x, starts, sizes, ks, rng=0)
+        ends = np.cumsum(ks)
+        for e, k in zip(ends, ks):
+            np.testing.assert_array_equal(np.sort(got[e - k:e]), np.sort(want[e - k:e]))
+    assert paths == [{"plain": 1}, {"captures": 1}, {"replays": 1}, {"replays": 1}, {"replays": 1}]
+    ws = next(w for key, w in cupy_graph._WORKSPACES.items() if key[1][0] == "seg_topk")
+    (graph,) = ws.graphs.values()
+    assert graph.launches == 4  # captured once, launched once then, replayed three times
+    # a larger total k outgrows the output: the graph holding the old one is dropped, then captured anew
+    big = np.array([5, 0, 3000, 800, 1, 1200, 700])
+    for i in range(3):
+        got = ck.segment_topk_abs(d, starts, sizes, big)
+        assert got.size == big.sum()
+    assert cupy_graph.STATS["captures"] == 2 and cupy_graph.STATS["capture_failures"] == 0
+    assert "segmented.cu" in ck.KERNEL_SOURCES  # compiled by tests/test_gpu_build.py with nvcc and NVRTC
+    assert cupy_segments.SEG_TILE == 8_192

@@ -392,3 +392,79 @@ def test_pass_candidates_nan_inf_overflow_and_zero_segments():
     assert cands is None and not norms.any()
     assert compiled_compensate.compensate_norms_candidates(e, zeros, starts[::-1], sizes[::-1], part, ks,
                                                            nst._segc_sizing(), 3) is None  # not ascending
+
+
+# --------------------------------------------------------------------------
+# the device kernels (cupy_segments, cuda/segmented.cu) on the CPU emulator
+# --------------------------------------------------------------------------
+
+
+def _mag_keys(v: np.ndarray) -> np.ndarray:
+    """Magnitude keys (the bits of |v|; NaN above inf), the order both kernels rank by."""
+    return nst._keys(np.ascontiguousarray(v))
+
+
+def _device_case(name: str, rng):
+    """``(x, starts, sizes, ks)`` of one layout of the device tests (small: the emulator runs every thread)."""
+    if name == "tiny":  # segments of 0-6 elements, gaps, k from 0 to the whole segment
+        sizes = rng.integers(0, 7, 40)
+    elif name == "many-small":
+        sizes = rng.integers(0, 4, 600)
+    elif name == "one-huge":  # one segment of 9 tiles, its candidates in the candidate regions
+        sizes = np.array([70_001])
+    else:
+        sizes = np.array([3, 0, 20_000, 8_192, 1, 9_000, 257, 16_385])
+    sizes = sizes.astype(np.int64)
+    starts = (np.concatenate([[0], np.cumsum(sizes)[:-1]]) + rng.integers(0, 3, sizes.size).cumsum()).astype(np.int64)
+    n = int(starts[-1] + sizes[-1]) + 2
+    x = {"equal": lambda: np.full(n, -0.75),  # one value: every bucket overflows its region, x read again
+         "ties": lambda: rng.integers(-3, 4, n) * 0.5,
+         "negative": lambda: -np.abs(rng.standard_normal(n)) - 1e-3,
+         "nan-inf": lambda: np.where(rng.random(n) < 0.002, np.nan, np.where(rng.random(n) < 0.002, -np.inf,
+                                                                               rng.standard_normal(n)))}.get(
+        name, lambda: rng.standard_normal(n))()
+    ks = np.array([int(s) if i % 4 == 1 else 0 if i % 4 == 2 else int(rng.integers(0, s + 1)) if i % 4 == 3
+                   else min(int(s), max(1, int(0.01 * s))) for i, s in enumerate(sizes)], dtype=np.int64)
+    if name == "one-huge":
+        ks = np.array([700])
+    return x, starts, sizes, ks
+
+
+@pytest.mark.parametrize("name,dtype", [("tiny", np.float32), ("many-small", np.float32), ("one-huge", np.float32),
+                                        ("mixed", np.float64), ("equal", np.float32), ("ties", np.float64),
+                                        ("negative", np.float32), ("nan-inf", np.float32)])
+def test_device_segment_topk_and_norms_equal_the_numpy_kernels(name, dtype, monkeypatch):
+    """The segmented radix select and the one-launch norms on the emulator: exactly k_i indices per segment,
+    grouped in the given order (a subset of the layout, shuffled), whose magnitude keys are the segment's k_i
+    largest, the same index sets as the NumPy kernel where there are no ties; the norms equal a float64
+    reference within rounding (empty segments exactly 0)."""
+    from gpu_emu import fakecupy
+
+    if not fakecupy.compiler_available():
+        pytest.skip("the CPU emulator of the CUDA kernels needs g++ (or $CXX)")
+    cp = fakecupy.install(monkeypatch)
+    from mpisparse.backend import cupy_kernels as ck
+
+    rng = np.random.default_rng(sum(map(ord, name)))
+    x, starts, sizes, ks = _device_case(name, rng)
+    x = x.astype(dtype)
+    sub = rng.permutation(sizes.size)
+    st, sz, k = starts[sub], sizes[sub], ks[sub]
+    d = cp.asarray(x)
+    got = ck.segment_topk_abs(d, st, sz, k).get()
+    assert got.dtype == nk.index_dtype(x.size) and got.size == k.sum()
+    want = nk.segment_topk_abs(x, st, sz, k, rng=0)
+    ties = name in ("equal", "ties", "many-small", "tiny", "nan-inf")  # equal keys: any of them may be taken
+    for g, w, a, s, kk in zip(split(got, k), split(want, k), st, sz, k):
+        assert np.unique(g).size == kk and (kk == 0 or (g.min() >= a and g.max() < a + s))
+        np.testing.assert_array_equal(np.sort(_mag_keys(x[g])), np.sort(_mag_keys(x[a:a + s]))[s - kk:])
+        if not ties:
+            np.testing.assert_array_equal(g, w)
+    finite = name != "nan-inf"
+    norms = ck.segment_norms(d, st, sz)
+    ref = np.array([np.linalg.norm(x[a:a + s].astype(np.float64)) for a, s in zip(st, sz)])
+    if finite:
+        np.testing.assert_allclose(norms, ref, rtol=1e-12)
+    else:
+        np.testing.assert_array_equal(np.isnan(norms), np.isnan(ref))
+    assert np.all(norms[sz == 0] == 0.0)

@@ -1,203 +1,315 @@
 // Segmented kernels of the CuPy backend (mpisparse/backend/cupy_segments.py):
-// many segments (layers) of one flat vector in one launch each.
+// many segments (layers) of one flat vector, every segment in the same launch.
 //
-// The host cuts every segment into *tiles* of at most a few thousand
-// elements; one block handles one tile, so a launch covers every segment
-// whatever their number and sizes (tile_lo/tile_hi: flat bounds, tile_seg:
-// the segment's position in the call).  The exact top-k of every segment:
+// The host cuts every segment into *tiles* of at most SEG_TILE elements (the
+// `tile` argument); one block handles one tile, so a launch covers every
+// segment whatever their number and sizes (tile_lo/tile_hi: flat bounds,
+// tile_seg: the segment's position in the call).  A segment's tiles finish
+// in any order; the *last* block of a segment to finish (an atomic count of
+// the segment's finished tiles, after a __threadfence) completes the
+// segment's work, so no decision needs the host.
 //
-// * seg_sumsq_*          one block per tile: the tile's sum of squares in
-//                        double (fixed-order tree reduction: deterministic)
-// * seg_tile_sums        one thread per segment: its tiles' sums added in tile
-//                        order (the host's former order: the same float64 bits),
-//                        so one number per segment is read back
-// * seg_sample_mag_*     magnitude keys at hashed random positions (with
-//                        replacement) of every segment, into the segment's
-//                        own region of the sample (samp_off)
-// * seg_kth_*            one block per segment: the need[s]-th largest key of
-//                        the segment's region (kth_in_block): first the
-//                        sample's r-th (the segment's threshold), then the
-//                        candidates' k-th
-// * seg_select_region_*  one block per tile: entries whose magnitude key is
-//                        >= the segment's threshold are appended (warp-
-//                        aggregated) to the segment's own candidate region
-// * seg_take_*           one block per segment: its k largest candidates'
-//                        indices, written at the segment's output offset
+// * seg_norms_*   one launch: each block's tile sum of squares in double (a
+//                 fixed-order tree: deterministic); the last block of a
+//                 segment adds the segment's tile sums in tile order, writes
+//                 the segment's sum of squares and resets its counter (so the
+//                 next call starts from zero without a memset).  Empty
+//                 segments have no tile: their sum stays the 0 the caller
+//                 initialised.
+// * segk_pass_*   the exact top-k_s of every segment s: a radix select over
+//                 the magnitude keys (common.cuh) with every segment's
+//                 histogram, prefix and need in device state, launched once
+//                 per digit and once more for the output, all with the same
+//                 grid of tiles (float: digits of 11, 11, 9 bits, four
+//                 launches; double: 5 x 11 and 8, seven).  Pass 0 histograms
+//                 digit 0 of each segment; pass q filters by the bucket of
+//                 digit q-1 chosen for the segment (keys above it are
+//                 winners, appended at the segment's output offset; keys in
+//                 it are histogrammed on digit q and, when the bucket fits the
+//                 segment's candidate region, written there for pass q+1 to
+//                 read instead of x); the last block of a segment scans its
+//                 merged histogram from the top and picks the bucket holding
+//                 the need-th largest remaining key.  When that bucket holds
+//                 exactly the remaining need (or its digit was the last) the
+//                 next pass is the segment's final one: it writes the winners
+//                 and, of the bucket's keys (ties at the k-th magnitude when no
+//                 digit is left), the first `need` to arrive; later passes
+//                 return at once for that segment.  Exactly k_s distinct
+//                 indices per segment, nothing read back: the winners fill
+//                 out[off_s : off_s + k_s - need_s], the bucket the rest.
+//                 The caller zeroes `hist` and `st` before pass 0 (one memset).
 //
-// Loops over a tile or a region have a trip count uniform across the block,
-// so the warp intrinsics always see full, converged warps (blockDim % 32 == 0).
+// Loops over a tile or a candidate range have a trip count uniform across
+// the block, so the warp intrinsics always see full, converged warps
+// (blockDim % 32 == 0, at most SK_MAX_THREADS).
 
 #include "common.cuh"
 
-#define SEG_MAX_BLOCK 1024
+#define SK_BITS 11
+#define SK_BINS 2048
+#define SK_ILP 4
+#define SK_MAX_THREADS 1024
 
+// per-segment device state slots (u64; SK_SLOTS of them per segment)
+#define SK_SLOTS 16
+#define SK_NEED 0    // the remaining need (after pass 0's decision)
+#define SK_PREFIX 1  // the key bits chosen so far
+#define SK_FINAL 2   // the segment's final pass + 1 (0: not decided yet)
+#define SK_SRC 3     // 1: this pass reads the previous pass's candidates, 0: x
+#define SK_SRC_N 4   // how many it reads there
+#define SK_WRITE 5   // 1: this pass writes its candidates (the bucket fits the region)
+#define SK_CAND 6    // candidates written by this pass
+#define SK_OUT 7     // winners written so far
+#define SK_TIES 8    // bucket keys taken by the final pass
+#define SK_BLOCKS 9  // tiles of this pass finished
+
+// ---------------------------------------------------------------- layer norms
 template <typename T>
-__device__ __forceinline__ void seg_sumsq(const T* __restrict__ x, const i64* __restrict__ tile_lo,
-                                          const i64* __restrict__ tile_hi, double* __restrict__ partial) {
-    __shared__ double sh[SEG_MAX_BLOCK];
+__device__ __forceinline__ void seg_norms(const T* __restrict__ x, const i64* __restrict__ tile_lo,
+                                          const i64* __restrict__ tile_hi, const i64* __restrict__ tile_seg,
+                                          const i64* __restrict__ tile_off, double* __restrict__ partial,
+                                          u64* __restrict__ done, double* __restrict__ sums) {
+    __shared__ double sh[SK_MAX_THREADS];
+    const int t = threadIdx.x;
+    const int B = blockDim.x;
     const i64 lo = tile_lo[blockIdx.x], hi = tile_hi[blockIdx.x];
     double acc = 0.0;
-    for (i64 i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        const double v = (double)x[i];
-        acc += v * v;
+    for (i64 i = lo + t; i < hi; i += 4 * (i64)B) {  // four independent loads in flight, added in index order
+        const double v0 = (double)x[i];
+        const double v1 = i + B < hi ? (double)x[i + B] : 0.0;
+        const double v2 = i + 2 * B < hi ? (double)x[i + 2 * B] : 0.0;
+        const double v3 = i + 3 * B < hi ? (double)x[i + 3 * B] : 0.0;
+        acc += v0 * v0;
+        acc += v1 * v1;
+        acc += v2 * v2;
+        acc += v3 * v3;
     }
-    sh[threadIdx.x] = acc;
+    sh[t] = acc;
     __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+    for (int s = B / 2; s > 0; s >>= 1) {
+        if (t < s) sh[t] += sh[t + s];
         __syncthreads();
     }
-    if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
-}
-
-template <typename T>
-__device__ __forceinline__ void seg_sample_mag(const T* __restrict__ x, const i64* __restrict__ seg_lo,
-                                               const i64* __restrict__ seg_size, const i64* __restrict__ samp_off,
-                                               int nseg, i64 m, u64 seed, typename MagKey<T>::type* __restrict__ out) {
-    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < m; j += (i64)gridDim.x * blockDim.x) {
-        int a = 0, b = nseg;  // samp_off[a] <= j < samp_off[b]
-        while (b - a > 1) {
-            const int mid = (a + b) >> 1;
-            if (samp_off[mid] <= j) a = mid; else b = mid;
-        }
-        const u64 pos = mps_hash64(seed ^ mps_hash64((u64)j)) % (u64)seg_size[a];
-        out[j] = MagKey<T>::of(x[seg_lo[a] + (i64)pos]);
-    }
-}
-
-// Block s: the need[s]-th largest of the n keys at keys + off[s] (n = n_fixed[s],
-// or min(counts[s], cap[s]) when counts is given).  kth[s] = that key,
-// found[2s] = keys strictly above it, found[2s+1] = 1; when need[s] is 0 or
-// above n: kth[s] = 0 (a threshold every entry passes), found[2s+1] = 0.
-// Launch with KTH_THREADS threads, one block per segment.
-template <typename K, int BITS>
-__device__ __forceinline__ void seg_kth(const K* __restrict__ keys, const i64* __restrict__ off,
-                                        const i64* __restrict__ n_fixed, const u64* __restrict__ counts,
-                                        const i64* __restrict__ cap, const i64* __restrict__ need,
-                                        K* __restrict__ kth, u64* __restrict__ found) {
-    const int s = blockIdx.x;
-    u64 n = counts != 0 ? counts[s] : (u64)n_fixed[s];
-    if (counts != 0 && n > (u64)cap[s]) n = (u64)cap[s];
-    const u64 nd = need[s] > 0 ? (u64)need[s] : 0ull;
-    if (nd < 1ull || nd > n) {
-        if (threadIdx.x == 0) {
-            kth[s] = (K)0;
-            found[2 * s] = 0ull;
-            found[2 * s + 1] = 0ull;
-        }
-        return;
-    }
-    u64 above = 0ull;
-    const K v = kth_in_block<K, BITS>(keys + off[s], n, nd, &above);
-    if (threadIdx.x == 0) {
-        kth[s] = v;
-        found[2 * s] = above;
-        found[2 * s + 1] = 1ull;
-    }
-}
-
-// One block per tile: key >= the segment's threshold -> appended to the
-// segment's region [coff[s], coff[s] + cap[s]) (counts[s] counts every hit,
-// also those past cap[s], which are not written).
-template <typename T, typename I>
-__device__ __forceinline__ void seg_select_region(const T* __restrict__ x, const i64* __restrict__ tile_lo,
-                                                  const i64* __restrict__ tile_hi, const i64* __restrict__ tile_seg,
-                                                  const typename MagKey<T>::type* __restrict__ seg_t,
-                                                  const i64* __restrict__ coff, const i64* __restrict__ cap,
-                                                  I* __restrict__ idx, typename MagKey<T>::type* __restrict__ keys,
-                                                  u64* __restrict__ counts) {
-    typedef typename MagKey<T>::type K;
-    const i64 lo = tile_lo[blockIdx.x], hi = tile_hi[blockIdx.x];
+    if (t != 0) return;
+    partial[blockIdx.x] = sh[0];
+    __threadfence();  // the tile sum is visible before the count says so
     const i64 s = tile_seg[blockIdx.x];
-    const K t = seg_t[s];
-    const i64 base_out = coff[s];
-    const u64 c = (u64)cap[s];
-    for (i64 base = lo; base < hi; base += blockDim.x) {
-        const i64 i = base + threadIdx.x;
-        const K key = i < hi ? MagKey<T>::of(x[i]) : (K)0;
-        const bool hit = i < hi && key >= t;
-        const u64 p = warp_append(hit, &counts[s]);
-        if (hit && p < c) {
-            idx[base_out + (i64)p] = (I)i;
-            keys[base_out + (i64)p] = key;
-        }
-    }
+    const i64 a = tile_off[s], e = tile_off[s + 1];
+    if (atomicAdd(&done[s], 1ull) != (u64)(e - a - 1)) return;
+    __threadfence();
+    const volatile double* vp = partial;  // other blocks' writes: not a cached copy
+    double sum = 0.0;
+    for (i64 j = a; j < e; ++j) sum += vp[j];  // tile order: deterministic
+    sums[s] = sum;
+    done[s] = 0ull;  // the next call (a graph replay) starts from zero
 }
 
-// Block s: the k[s] largest of the segment's candidates, given their k-th key
-// (kth, found from seg_kth): keys above it all go, keys equal to it fill the
-// slots from found[2s] while they are below k[s]; written at out + out_off[s].
-// Nothing when found[2s+1] == 0 (the host redoes that segment).
-template <typename K, typename I>
-__device__ __forceinline__ void seg_take(const K* __restrict__ keys, const I* __restrict__ idx,
-                                         const i64* __restrict__ coff, const u64* __restrict__ counts,
-                                         const i64* __restrict__ cap, const K* __restrict__ kth,
-                                         const u64* __restrict__ found, const i64* __restrict__ k,
-                                         const i64* __restrict__ out_off, I* __restrict__ out) {
-    __shared__ u64 n_gt, n_eq;
-    const int s = blockIdx.x;
-    if (found[2 * s + 1] == 0ull) return;
-    if (threadIdx.x == 0) {
-        n_gt = 0ull;
-        n_eq = 0ull;
+// ---------------------------------------------------------------- segmented top-k
+// What one pass does with a few keys of every thread (every thread of the block calls run(), with the same NE):
+// classify against the segment's prefix, count the bucket's keys in the block's histogram, append winners,
+// candidates or the final bucket's keys (warp-aggregated; a warp with nothing to append skips the appends).
+template <typename T, typename I>
+struct SegStep {
+    typedef typename MagKey<T>::type K;
+    K pfx, dmask;
+    int sp, wp, sc;
+    bool last_pass, write;
+    u64 need, k, cap;
+    u64* st;
+    u32* shist;
+    I* out;
+    I* dst_idx;
+    K* dst_key;
+
+    // 0 dropped, 1 winner (above the bucket of the previous digit), 2 in that bucket
+    __device__ __forceinline__ int classify(K key) const {
+        if (sp < 0) return 2;  // pass 0: every key is in play
+        const K hi = key >> sp, phi = pfx >> sp;
+        const int up = sp + wp;  // bits above the previous digit: 31 or 63 at most
+        if (hi == phi) return 2;
+        return hi > phi && (key >> up) == (pfx >> up) ? 1 : 0;
+    }
+
+    template <int NE>
+    __device__ __forceinline__ void run(const K* key, const i64* id, const bool* in) const {
+        int cls[NE];
+        bool any = false;
+#pragma unroll
+        for (int j = 0; j < NE; ++j) {
+            cls[j] = in[j] ? classify(key[j]) : 0;
+            if (!last_pass && cls[j] == 2) atomicAdd(&shist[(u32)((key[j] >> sc) & dmask)], 1u);
+            any = any || cls[j] == 1 || (cls[j] == 2 && (last_pass || write));
+        }
+        if (__ballot_sync(MPS_FULL_MASK, any) == 0u) return;  // uniform across the warp
+#pragma unroll
+        for (int j = 0; j < NE; ++j) {
+            const bool win = cls[j] == 1;
+            const u64 p = warp_append(win, &st[SK_OUT]);
+            if (win) out[p] = (I)id[j];
+            const bool in_bucket = cls[j] == 2;
+            if (last_pass) {  // ties at the k-th magnitude (or, after an early stop, the whole bucket)
+                const u64 q = warp_append(in_bucket, &st[SK_TIES]);
+                if (in_bucket && q < need) out[k - need + q] = (I)id[j];
+            } else if (write) {
+                const u64 q = warp_append(in_bucket, &st[SK_CAND]);
+                if (in_bucket && q < cap) {
+                    dst_idx[q] = (I)id[j];
+                    dst_key[q] = key[j];
+                }
+            }
+        }
+    }
+};
+
+// One pass of the segmented radix select; block b handles tile b of segment s = tile_seg[b].
+// Per segment: seg_lo (first element), seg_tiles (its tiles), seg_k (k_s; 0: the segment is skipped),
+// out_off (its output offset), cand_off / cand_cap (its candidate region in each of the two candidate buffers).
+template <typename T, typename I>
+__device__ __forceinline__ void segk_pass(
+    const T* __restrict__ x, const i64* __restrict__ tile_lo, const i64* __restrict__ tile_hi,
+    const i64* __restrict__ tile_seg, const i64* __restrict__ seg_lo, const i64* __restrict__ seg_tiles,
+    const i64* __restrict__ seg_k, const i64* __restrict__ out_off, const i64* __restrict__ cand_off,
+    const i64* __restrict__ cand_cap, i64 tile, int pass, int sp, int wp, int sc, int wc,
+    const I* __restrict__ src_idx, const typename MagKey<T>::type* __restrict__ src_key, I* __restrict__ dst_idx,
+    typename MagKey<T>::type* __restrict__ dst_key, u64* __restrict__ hist_all, u64* __restrict__ st_all,
+    I* __restrict__ out) {
+    typedef typename MagKey<T>::type K;
+    __shared__ u32 shist[SK_BINS];
+    __shared__ u64 part[SK_MAX_THREADS];
+    __shared__ u64 s_bin, s_above, s_count;
+    __shared__ int s_last;
+    const int t = threadIdx.x;
+    const i64 s = tile_seg[blockIdx.x];
+    const u64 k = (u64)seg_k[s];
+    if (k == 0ull) return;  // nothing to select in this segment
+    u64* st = st_all + s * SK_SLOTS;
+    const u64 fin = st[SK_FINAL];
+    if (fin != 0ull && (u64)pass + 1ull > fin) return;  // this segment finished early: nothing left to do
+    const bool last_pass = fin != 0ull && (u64)pass + 1ull == fin;
+    const u64 need = pass == 0 ? k : st[SK_NEED];
+    const K pfx = (K)st[SK_PREFIX];
+    const bool from_cand = st[SK_SRC] != 0ull;
+    const bool write = !last_pass && st[SK_WRITE] != 0ull;
+    const i64 coff = cand_off[s];
+    const u64 cap = (u64)cand_cap[s];
+    const int nb = last_pass ? 0 : 1 << wc;
+    const K dmask = (K)(nb - 1);
+    for (int b = t; b < nb; b += blockDim.x) shist[b] = 0u;
+    __syncthreads();
+
+    SegStep<T, I> step;
+    step.pfx = pfx; step.dmask = dmask; step.sp = sp; step.wp = wp; step.sc = sc;
+    step.last_pass = last_pass; step.write = write; step.need = need; step.k = k; step.cap = cap;
+    step.st = st; step.shist = shist; step.out = out + out_off[s];
+    step.dst_idx = dst_idx + coff; step.dst_key = dst_key + coff;
+    // what this block reads: its tile of x, or the same share of the segment's candidates
+    i64 lo = tile_lo[blockIdx.x], hi = tile_hi[blockIdx.x];
+    if (from_cand) {
+        const i64 j = (lo - seg_lo[s]) / tile, m = (i64)st[SK_SRC_N];
+        lo = j * tile;
+        hi = lo + tile < m ? lo + tile : m;
+    }
+    const I* __restrict__ ci = src_idx + coff;
+    const K* __restrict__ ck = src_key + coff;
+    for (i64 base = lo; base < hi; base += (i64)blockDim.x * SK_ILP) {
+        K key[SK_ILP];
+        i64 id[SK_ILP];
+        bool in[SK_ILP];
+#pragma unroll
+        for (int j = 0; j < SK_ILP; ++j) {  // independent coalesced loads in flight
+            const i64 i = base + (i64)j * blockDim.x + t;
+            in[j] = i < hi;
+            key[j] = (K)0;
+            id[j] = i;
+            if (in[j]) {
+                if (from_cand) {
+                    key[j] = ck[i];
+                    id[j] = (i64)ci[i];
+                } else {
+                    key[j] = MagKey<T>::of(x[i]);
+                }
+            }
+        }
+        step.template run<SK_ILP>(key, id, in);
+    }
+    if (last_pass) return;
+
+    // merge this block's histogram into the segment's; the segment's last block picks the bucket
+    u64* hist = hist_all + s * SK_BINS;
+    __syncthreads();
+    for (int b = t; b < nb; b += blockDim.x)
+        if (shist[b] != 0u) atomicAdd(&hist[b], (u64)shist[b]);
+    __threadfence();
+    __syncthreads();
+    if (t == 0) s_last = atomicAdd(&st[SK_BLOCKS], 1ull) == (u64)seg_tiles[s] - 1ull;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+
+    // thread t owns `per` bins from the top: nb-1-t*per, ...; a block scan gives the counts above them
+    const volatile u64* vh = hist;
+    const int per = (nb + (int)blockDim.x - 1) / (int)blockDim.x;
+    u64 mine = 0ull;
+    for (int j = 0; j < per; ++j) {
+        const int b = nb - 1 - (t * per + j);
+        if (b >= 0) mine += vh[b];
+    }
+    part[t] = mine;
+    __syncthreads();
+    for (int off = 1; off < (int)blockDim.x; off <<= 1) {  // inclusive scan, Hillis-Steele
+        const u64 v = t >= off ? part[t - off] : 0ull;
+        __syncthreads();
+        part[t] += v;
+        __syncthreads();
+    }
+    u64 run = part[t] - mine;
+    for (int j = 0; j < per; ++j) {
+        const int b = nb - 1 - (t * per + j);
+        if (b < 0) break;
+        const u64 h = vh[b];
+        if (run < need && need <= run + h) {  // exactly one bin of one thread holds the need-th largest
+            s_bin = (u64)b;
+            s_above = run;
+            s_count = h;
+        }
+        run += h;
     }
     __syncthreads();
-    u64 n = counts[s];
-    if (n > (u64)cap[s]) n = (u64)cap[s];
-    const K t = kth[s];
-    const u64 above = found[2 * s], ks = (u64)k[s];
-    const K* __restrict__ kk = keys + coff[s];
-    const I* __restrict__ ii = idx + coff[s];
-    I* __restrict__ o = out + out_off[s];
-    for (u64 base = 0ull; base < n; base += blockDim.x) {
-        const u64 i = base + threadIdx.x;
-        const K key = i < n ? kk[i] : (K)0;
-        const bool gt = i < n && key > t;
-        const bool eq = i < n && key == t;
-        const u64 p = warp_append(gt, &n_gt);
-        if (gt) o[p] = ii[i];
-        const u64 q = warp_append(eq, &n_eq);
-        if (eq && above + q < ks) o[above + q] = ii[i];
+    for (int j = 0; j < per; ++j) {  // the segment's next histogram pass starts from zero
+        const int b = nb - 1 - (t * per + j);
+        if (b >= 0) hist[b] = 0ull;
     }
-}
-
-// A thread per segment (grid-stride): the sum of its tiles' partial sums (tiles tile_off[s] .. tile_off[s+1]), in tile order.
-extern "C" __global__ void seg_tile_sums(const double* __restrict__ partial, const i64* __restrict__ tile_off,
-                                         i64 nseg, double* __restrict__ out) {
-    for (i64 s = (i64)blockIdx.x * blockDim.x + threadIdx.x; s < nseg; s += (i64)gridDim.x * blockDim.x) {
-        double acc = 0.0;
-        for (i64 t = tile_off[s]; t < tile_off[s + 1]; ++t) acc += partial[t];
-        out[s] = acc;
+    if (t == 0) {
+        volatile u64* vs = st;  // other blocks' atomics: not a cached copy
+        const u64 rest = need - s_above, c = s_count;
+        vs[SK_PREFIX] = (u64)(pfx | ((K)s_bin << sc));
+        vs[SK_SRC] = pass == 0 ? 0ull : vs[SK_WRITE];  // the next pass reads what this one wrote, if it wrote
+        vs[SK_SRC_N] = vs[SK_CAND];
+        vs[SK_CAND] = 0ull;
+        vs[SK_WRITE] = c <= cap ? 1ull : 0ull;
+        vs[SK_NEED] = rest;
+        if (c == rest || sc == 0) vs[SK_FINAL] = (u64)pass + 2ull;  // the next pass writes the rest
+        vs[SK_BLOCKS] = 0ull;
+        __threadfence();
     }
 }
 
 // ---------------------------------------------------------------- extern "C" entry points
 #define MPS_SEG_T(T, TN)                                                                                     \
-    extern "C" __global__ void seg_sumsq_##TN(const T* x, const i64* tile_lo, const i64* tile_hi,           \
-                                              double* partial) {                                            \
-        seg_sumsq<T>(x, tile_lo, tile_hi, partial);                                                         \
-    }                                                                                                        \
-    extern "C" __global__ void seg_sample_mag_##TN(const T* x, const i64* seg_lo, const i64* seg_size,      \
-                                                   const i64* samp_off, int nseg, i64 m, u64 seed,          \
-                                                   MagKey<T>::type* out) {                                  \
-        seg_sample_mag<T>(x, seg_lo, seg_size, samp_off, nseg, m, seed, out);                               \
-    }                                                                                                        \
-    extern "C" __global__ void seg_kth_##TN(const MagKey<T>::type* keys, const i64* off, const i64* n_fixed, \
-                                            const u64* counts, const i64* cap, const i64* need,             \
-                                            MagKey<T>::type* kth, u64* found) {                             \
-        seg_kth<MagKey<T>::type, MagKey<T>::bits>(keys, off, n_fixed, counts, cap, need, kth, found);       \
+    extern "C" __global__ void seg_norms_##TN(const T* x, const i64* tile_lo, const i64* tile_hi,           \
+                                              const i64* tile_seg, const i64* tile_off, double* partial,    \
+                                              u64* done, double* sums) {                                    \
+        seg_norms<T>(x, tile_lo, tile_hi, tile_seg, tile_off, partial, done, sums);                         \
     }
 #define MPS_SEG_TI(T, TN, I, IN)                                                                             \
-    extern "C" __global__ void seg_select_region_##TN##_##IN(                                               \
-        const T* x, const i64* tile_lo, const i64* tile_hi, const i64* tile_seg, const MagKey<T>::type* seg_t, \
-        const i64* coff, const i64* cap, I* idx, MagKey<T>::type* keys, u64* counts) {                      \
-        seg_select_region<T, I>(x, tile_lo, tile_hi, tile_seg, seg_t, coff, cap, idx, keys, counts);        \
-    }                                                                                                        \
-    extern "C" __global__ void seg_take_##TN##_##IN(const MagKey<T>::type* keys, const I* idx, const i64* coff, \
-                                                    const u64* counts, const i64* cap,                      \
-                                                    const MagKey<T>::type* kth, const u64* found,           \
-                                                    const i64* k, const i64* out_off, I* out) {             \
-        seg_take<MagKey<T>::type, I>(keys, idx, coff, counts, cap, kth, found, k, out_off, out);            \
+    extern "C" __global__ void segk_pass_##TN##_##IN(                                                       \
+        const T* x, const i64* tile_lo, const i64* tile_hi, const i64* tile_seg, const i64* seg_lo,         \
+        const i64* seg_tiles, const i64* seg_k, const i64* out_off, const i64* cand_off,                    \
+        const i64* cand_cap, i64 tile, int pass, int sp, int wp, int sc, int wc, const I* src_idx,          \
+        const MagKey<T>::type* src_key, I* dst_idx, MagKey<T>::type* dst_key, u64* hist, u64* st, I* out) { \
+        segk_pass<T, I>(x, tile_lo, tile_hi, tile_seg, seg_lo, seg_tiles, seg_k, out_off, cand_off,         \
+                        cand_cap, tile, pass, sp, wp, sc, wc, src_idx, src_key, dst_idx, dst_key, hist, st, \
+                        out);                                                                                \
     }
 
 MPS_SEG_T(float, f32)
