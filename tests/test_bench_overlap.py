@@ -64,11 +64,14 @@ def test_library_table_puts_the_step_beside_a_local_step_and_a_copy():
     from mpisparse.bench.overlap import _library_row
 
     facts = {"library_opt_step": 0.2, "library_scheme": 0.1, "library_wait": 0.02, "library_local_step": 0.02,
-             "library_copy": 0.01, "library": 0.05}
-    row = _library_row([facts, {**facts, "library": 0.04}])  # the slowest rank's
+             "library_copy": 0.01, "library": 0.05, "library_flag_reads_per_step": 1.0,
+             "library_write_back_ops_per_step": 1.0}
+    row = _library_row([facts, {**facts, "library": 0.04, "library_flag_reads_per_step": 2.0}])  # the slowest rank's
     assert row["library_ms"] == pytest.approx(50.0) and row["library_copies"] == pytest.approx(3.0)
+    assert row["library_adds_ms"] == pytest.approx(30.0) and row["library_flag_reads_per_step"] == 2.0
     res = {"model": "resnet18", "batch": 4, "world_size": 2, "density": 0.01, "bucket_cap_mb": 25.0, "iters": 3,
            "rows": [{"scheme": "dense", "options": {}, "compute_ms": 10.0, "plain_ms": 30.0, "overlap_ms": 20.0,
                      "speedup": 1.5, "hidden": 0.5, "buckets": 2, **row}]}
     text = format_overlap(res)
     assert "library in copies" in text and "3.0" in text and "one gradient copy (ms)" in text
+    assert "library adds (ms)" in text and "30.00" in text and "flag reads/step" in text

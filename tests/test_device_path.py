@@ -10,7 +10,8 @@ is swapped.
 * scheme state lives on the device, a checkpoint holds host arrays and loads
   back onto the device (round trip, same steps after);
 * ``DistributedOptimizer`` keeps the fusion buffer on the device, writes the
-  update into ``.grad`` and reads one byte per step (the finite flag);
+  update into ``.grad`` in one fused copy and reads its finite flags once per
+  agreement (``library`` of the MPI job below);
 * ``tests/mpi/device_path.py`` at 1 and 2 ranks: every data-parallel scheme's
   ``bench step`` and a short ``train`` give exactly the CPU run's updates and
   losses, and the device-to-host copies per step are 0 for the exchange with
@@ -197,7 +198,8 @@ def test_distributed_optimizer_keeps_the_step_on_the_device(cp_emu, monkeypatch)
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert host_opt.skipped_steps == dev_opt.skipped_steps == 1
     assert host_reads == [0, 0, 0, 0]
-    # the finite flag (1 byte) each step, plus the top-k kernel's own count reads on stepped steps
+    # the finite flags (one 12-byte read per agreement: the gradient's; on stepped steps also the update's), plus
+    # the top-k kernel's own count reads
     assert all(r >= 1 for r in dev_reads) and dev_reads[2] == 1
     assert max(strictcupy.D2H_SIZES) <= SCALAR_BYTES
 
@@ -234,6 +236,7 @@ def device_runs(request, tmp_path_factory):
 
 def test_every_scheme_equals_the_cpu_run_and_copies_only_exchange_buffers(device_runs):
     world, report = device_runs
+    report = {k: v for k, v in report.items() if k != "library"}
     assert {k.split(":")[0] for k in report} == {"bench", "train"} and len(report) == 24
     for key, entry in report.items():
         kind, scheme = key.split(":")
@@ -248,9 +251,9 @@ def test_every_scheme_equals_the_cpu_run_and_copies_only_exchange_buffers(device
             assert a["staging_d2h"] == [0] * steps and a["staging_h2d"] == [0] * steps, key
             assert a["d2h_max_bytes"] <= SCALAR_BYTES, (key, a["d2h_max_bytes"])
             if scheme == "dense":
-                # train: two 1-byte flags, the gradient's finiteness (before the exchange) and the update's
-                # (after it: an overflowing sum is skipped on every rank)
-                assert a["d2h"] == [0 if kind == "bench" else 2] * steps, key
+                # train: one read of the finite flags (the gradient's and the update's, agreed together after
+                # the exchange: an overflowing sum, or a non-finite gradient anywhere, skips on every rank)
+                assert a["d2h"] == [0 if kind == "bench" else 1] * steps, key
             # staging: exactly the exchange buffers on top, counted alike by the fake and the communicator
             want = [expected_staging_d2h(scheme.split("-")[0], rank, world, t, s["calls"][t]) for t in range(steps)]
             assert s["calls"] == a["calls"], key  # staged or not, the same collectives
@@ -261,6 +264,42 @@ def test_every_scheme_equals_the_cpu_run_and_copies_only_exchange_buffers(device
         assert aware["staging_copies_per_step"] == {"d2h": 0.0, "h2d": 0.0, "d2h_bytes": 0.0, "h2d_bytes": 0.0}
         per_rank_mean = [np.mean(s["staging_d2h"]) for s in staged["ranks"]]
         assert staged["staging_copies_per_step"]["d2h"] == pytest.approx(max(per_rank_mean)), key
+
+
+def test_the_library_reads_its_flags_once_a_step_and_writes_back_in_one_fused_copy(device_runs):
+    """``library`` of the same job: ``DistributedOptimizer`` on the strict fake device at W ranks (a bfloat16
+    parameter among float32 ones), 5 steps, the last rank's gradient NaN at step 3 (``NAN_STEP``).
+
+    Per step: the host reads of finite flags, counted by the library (``flag_reads``) and, independently, by
+    the fake device (every device-to-host copy; the host kernels behind it read nothing); the write-back's
+    fused operations (``write_back_ops``) and the calls of ``torch._foreach_copy_`` (the gather's and the
+    write-back's: no per-parameter copies); ``.grad`` after backward against the NumPy mean of all ranks'
+    gradients (in each parameter's dtype). The first step also reads the parameters' check at once (its
+    snapshot: nothing is known of them yet); from the second on a step reads once -- dense and the
+    overlapped exchange -- or twice -- topk --layerwise after backward, whose error feedback must not take
+    in a non-finite gradient, so the gradient is agreed before its exchange and the update after it.
+    """
+    world, report = device_runs
+    lib = report["library"]
+    assert set(lib) == {"dense", "topk-layerwise", "dense-overlap", "topk-layerwise-overlap"}
+    for key, run in lib.items():
+        steps = run["steps"]
+        assert run["params_equal_on_ranks"], key
+        reads = 2 if key == "topk-layerwise" else 1
+        gathers = max(run["buckets"], 1)  # one fused gather per bucket (one without overlap)
+        for t, st in enumerate(steps):
+            assert st["d2h"] == st["flag_reads"], (key, t, st)  # every device-to-host copy is a flag read
+            if t == 3:  # NAN_STEP: skipped on every rank, every .grad NaN, nothing written back
+                assert st["skipped"] == 1 and not st["stepped"] and st["all_nan"], (key, st)
+                assert st["write_back_ops"] == 0 and st["foreach_copies"] == gathers, (key, st)
+                assert st["flag_reads"] == 1, (key, st)  # topk: the gradient's agreement, no exchange
+                continue
+            assert st["stepped"] and st["skipped"] == 0 and not st["all_nan"], (key, t, st)
+            assert st["diff"] <= (0.0 if world <= 2 else 1e-6), (key, t, st["diff"])  # the mean of all ranks
+            assert st["write_back_ops"] == 1, (key, t, st)
+            snapshot = t == 0  # the first step's snapshot copy and its immediate parameter read
+            assert st["foreach_copies"] == gathers + 1 + snapshot, (key, t, st)
+            assert st["flag_reads"] == reads + snapshot, (key, t, st)
 
 
 # ----------------------------------------------------------------------------- options and refusals

@@ -40,20 +40,17 @@ therefore acts on the aggregated update (as in Alg. 1 of DEFT and of ScaleCom); 
 momentum. A local-update scheme (``localsgd``) leaves each rank's own gradient in ``.grad`` and
 synchronizes the parameters after the optimizer's step (:mod:`mpisparse.torch.params`).
 
-Device residency: the fusion buffer is a torch tensor on the model's device
-(the gradients are copied into it with torch ops, never through the host),
+Device residency: the fusion buffer is a torch tensor on the model's device,
 viewed zero-copy as an array of that device's array module through DLPack
 (:func:`mpisparse.backend.as_array`: NumPy for a CPU model, CuPy for a CUDA
 one); the scheme works on that array and keeps its state there, writing its
-update over the gathered gradient, and each float32 parameter's ``.grad``
-then becomes its view of the buffer (no copy back; a scheme that writes
-elsewhere is copied, :func:`mpisparse.backend.to_torch`). The finite checks
-are one read pass each (:func:`mpisparse.backend.abs_max`, no temporaries).  The only host reads of a
-step made here are three largest magnitudes (4 bytes each: of this rank's
-gradient before the exchange and of the exchanged update after it, each
-agreed on as a finite flag by the ranks with a 4-byte host Allreduce, and
-of the parameters after the optimizer's step).  The
-CPU path is the same code with NumPy as the array module.
+update over the gathered gradient.  On the host each float32 parameter's
+``.grad`` then becomes its view of the buffer; on a device the gather and the
+write-back are one fused multi-tensor copy each, and the finite checks write a
+device flag vector that the host reads once per agreement
+(:mod:`mpisparse.torch.guard`: once per step for dense and the overlapped
+exchange, twice for the other schemes; ``flag_reads`` and ``write_back_ops``
+count them).  The CPU path is the same code with NumPy as the array module.
 
 Phases: the copy into the fusion buffer and the local finite check are
 timed as ``compensate`` (they prepare the vector the scheme compensates);
@@ -78,9 +75,9 @@ from ..backend.fusion import FusionLayout
 from ..backend.pages import settle
 from ..schemes import create
 from ..results.timing import PhaseTimer
-from .guard import OverflowGuard
+from .guard import GRAD, OverflowGuard, abs_max_into
 from .rows import RowsMixin
-from .overlap import _gather, _is_view
+from .overlap import _gather, _is_view, fused_gather, fused_write_back
 from .params import NO_SYNC, ParameterSync
 
 
@@ -164,6 +161,7 @@ class _DistributedMixin(OverflowGuard):
         self.buffer = backend.as_array(self._flat)
         self.scheme.use_array_module(backend.array_module(self.buffer))
         self._flag = np.zeros(3, dtype=np.int32)  # [non-finite, active (not joined), rank joining now]
+        self._init_flags()  # the device flag vector, the counters of flag reads and write-back operations
         self._active, self._joining_now = 1, -1
         self.skipped_steps = 0
         self.steps = 0
@@ -257,16 +255,21 @@ class _DistributedMixin(OverflowGuard):
 
     # -------------------------------------------------------------- step
     def _write_back(self, out) -> None:
-        """The scheme's output as ``.grad``, without a copy when it is the fusion buffer (always, but for a
-        scheme that writes elsewhere): each float32 parameter's ``.grad`` becomes its view of the buffer, as
-        DDP's ``gradient_as_bucket_view`` (the next backward writes a new tensor after ``zero_grad()``, or
-        accumulates into the view after ``zero_grad(set_to_none=False)``, which the gather then need not
-        copy). Op Sum and a predivide factor scale the buffer in place first (one pass, only then)."""
+        """The scheme's output as ``.grad``. On the host without a copy when it is the fusion buffer (always,
+        but for a scheme that writes elsewhere): each float32 parameter's ``.grad`` becomes its view of the
+        buffer, as DDP's ``gradient_as_bucket_view``. On a device one fused multi-tensor copy into the
+        ``.grad`` tensors backward made (:func:`~mpisparse.torch.overlap.fused_write_back`, which says why).
+        Op Sum and a predivide factor scale the buffer in place first (one pass, only then)."""
         flat = backend.to_torch(out)
         scale = (self.comm.size if self.op == "sum" else 1) * self.gradient_predivide_factor * self._scale()
         ours = flat.data_ptr() == self._flat.data_ptr() and flat.numel() == self._flat.numel()
         if ours and scale != 1.0:
             self._flat.mul_(scale)
+            self.write_back_ops += self._on_device
+        if self._on_device:
+            srcs = self._grad_views if ours else [flat[s.offset:s.end].view(s.shape) for s in self.layout.layers]
+            self.write_back_ops += fused_write_back(self.params, srcs, 1.0 if ours else scale)
+            return
         for p, s, view in zip(self.params, self.layout.layers, self._grad_views):
             if ours and p.dtype == view.dtype:
                 if not _is_view(p.grad, view):
@@ -290,20 +293,18 @@ class _DistributedMixin(OverflowGuard):
             flat.div_(div)
 
     def _gather_grads(self) -> None:
-        """Copy ``.grad`` into the fusion buffer (torch ops on the device) and flag a non-finite value.
-        On a GPU the copies are one fused multi-tensor launch, not one launch per parameter."""
-        dst, src = [], []
+        """Copy ``.grad`` into the fusion buffer (torch ops on the device) and check it for a non-finite value.
+        On a device the copies are one fused multi-tensor launch, not one launch per parameter, and the check
+        goes to the device flag vector (no read here, :mod:`~mpisparse.torch.guard`)."""
+        if self._on_device:
+            fused_gather(self.params, self._grad_views)
+            self._prepare(self._flat)
+            abs_max_into(self._dflags[GRAD], [self._flat])
+            return
         for p, view in zip(self.params, self._grad_views):
-            g = p.grad
-            if g is not None and g.is_cuda and g.dtype == view.dtype and not _is_view(g, view):
-                dst.append(view)
-                src.append(g.detach())
-            else:
-                _gather(p, view)
-        if dst:
-            torch._foreach_copy_(dst, src)
+            _gather(p, view)
         self._prepare(self._flat)
-        # one read pass on the buffer's device (no temporary), one host read of the largest magnitude
+        # one read pass (no temporary), one host read of the largest magnitude
         self._flag[0] = 0 if np.isfinite(backend.abs_max(self.buffer)) else 1
 
     def _all_finite(self) -> bool:
@@ -334,8 +335,14 @@ class _DistributedMixin(OverflowGuard):
     def _synchronize(self) -> bool:
         if self.overlap is not None:
             return self._synchronize_overlapped()
+        one = self._one_agreement()  # the gradient's flag agreed with the update's, after the exchange
         with self.timer.phase("compensate"):
             self._gather_grads()
+            if not one:
+                self._gradient_flag()  # a device: the one read before the exchange
+        if one:
+            self._grad_pending = True
+            return self._finish_sync(self.scheme.step(self.buffer, out=self.buffer))
         with self.timer.phase("wait"):
             finite = self._all_finite()
         if not self._others_active:  # every rank has joined (see join()): no exchange
@@ -351,6 +358,10 @@ class _DistributedMixin(OverflowGuard):
         """The buckets' exchanges (most started during backward) finished, then the same agreement."""
         with self.timer.phase("exchange_values"):  # what is left of the exchange after backward
             finite, agg = self.overlap.finish()
+        if self._on_device:  # the buckets' flags agreed with the update's: one read, one agreement
+            torch.amax(self.overlap.amax, dim=0, out=self._dflags[GRAD])
+            self._grad_pending = True
+            return self._finish_sync(self.buffer if agg is self._flat else backend.as_array(agg))
         self._flag[0] = 0 if finite else 1
         with self.timer.phase("wait"):
             finite = self._all_finite()
@@ -360,25 +371,6 @@ class _DistributedMixin(OverflowGuard):
         if not finite:
             return self._skip()
         return self._finish_sync(backend.as_array(agg))
-
-    def _finish_sync(self, out) -> bool:
-        if not self._update_finite(out):  # the exchange overflowed: skipped like a non-finite gradient
-            return self._skip()
-        with self.timer.phase("update"):
-            self._write_back(out)
-        self._sync_ok = True
-        return True
-
-    def _skip(self) -> bool:
-        """A step every rank skips: the aggregate is not finite, and ``.grad`` says so (NaN) on every rank."""
-        self.skipped_steps += 1
-        for p in self.params:
-            if p.grad is None:
-                p.grad = torch.full_like(p, float("nan"))
-            else:
-                p.grad.fill_(float("nan"))
-        self._sync_ok = False
-        return False
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -423,7 +415,7 @@ class _DistributedMixin(OverflowGuard):
                 self._snapshot_parameters()
             self._local.before_step()
             super().step()
-            ok = self._parameters_finite()
+            ok = self._check_parameters(snap)
             if not ok:
                 if not snap:  # cannot happen for the optimizers the bound covers; fail loudly otherwise
                     why = ("a .grad was made non-finite after backward() (the exchanged aggregate was finite)"

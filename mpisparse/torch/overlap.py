@@ -46,6 +46,7 @@ from .. import backend
 from ..backend.fusion import FusionLayout
 from ..registry import create, scheme_class
 from ..results.timing import PhaseTimer
+from .guard import abs_max_into
 
 
 def overlap_refusal(scheme: str, options: dict[str, Any]) -> str | None:
@@ -72,6 +73,44 @@ def _gather(p, view) -> None:
         view.zero_()
     elif not _is_view(p.grad, view):
         view.copy_(p.grad.detach().reshape(view.shape))
+
+
+def fused_gather(params, views) -> None:
+    """The gradients into their views of the fusion buffer on a device: one fused multi-tensor copy
+    (``torch._foreach_copy_``, 16-bit gradients widened in it) of every gradient that is not its view
+    already; zeros without a gradient."""
+    dst, src = [], []
+    for p, view in zip(params, views):
+        if p.grad is None or p.grad.is_sparse:
+            _gather(p, view)
+        elif not _is_view(p.grad, view):
+            dst.append(view)
+            src.append(p.grad.detach())
+    if dst:
+        torch._foreach_copy_(dst, src)
+
+
+def fused_write_back(params, srcs, scale: float = 1.0) -> int:
+    """``srcs`` (the aggregate's views, one per parameter) into every parameter's ``.grad`` on a device, in
+    one multi-tensor copy (``torch._foreach_copy_``; a 16-bit parameter's gradient converted in the same pass;
+    ``scale`` != 1: one fused multiply after it); returns the fused operations issued.
+
+    A copy into the ``.grad`` tensors backward made, rather than ``.grad`` as views of the buffer (DDP's
+    ``gradient_as_bucket_view``): ``zero_grad()`` (``set_to_none=True``, torch's default) drops the views
+    every step, so they would cost one checked ``.grad`` assignment per parameter per step from Python
+    (and a 16-bit parameter cannot view the float32 buffer at all), while one multi-tensor launch does the
+    whole write-back whatever the number of parameters, for one pass over the gradient on the device.
+    A parameter without a gradient gets one (once; later steps reuse it until ``zero_grad``)."""
+    grads = []
+    for p, src in zip(params, srcs):
+        if p.grad is None:
+            p.grad = torch.empty_like(p)
+        grads.append(p.grad)
+    torch._foreach_copy_(grads, list(srcs))
+    if scale != 1.0:
+        torch._foreach_mul_(grads, scale)
+        return 2
+    return 1
 
 
 #: the lines :func:`default_overlap` has said in this process (each once)
@@ -176,6 +215,8 @@ class BucketExchange:
         for bucket in self.buckets:
             for i in bucket.layers:
                 self._bucket_of[id(owner.params[i])] = bucket
+        #: on a device, each bucket's largest gradient magnitude (its finite flag, read with the update's)
+        self.amax = torch.zeros(len(self.buckets), dtype=torch.float32, device=owner.device)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mpisparse-exchange")
         self._next = 0
         self.started_in_backward = 0  # buckets handed over from a hook (overlapped), for tests and reports
@@ -219,18 +260,26 @@ class BucketExchange:
     @torch.no_grad()
     def _launch(self, bucket: Bucket) -> None:
         o = self.owner
-        for i in bucket.layers:
-            _gather(o.params[i], o._grad_views[i])
         flat = o._flat[bucket.start:bucket.end]
-        o._prepare(flat)
-        bucket.finite = bool(np.isfinite(backend.abs_max(bucket.buffer)))  # one read pass, one host read per bucket
-        if not bucket.finite:  # zeros go out instead; the ranks agree on skipping afterwards
-            flat.zero_()
+        if o._on_device:  # one fused copy; the flag stays on the device, a non-finite bucket zeroed there
+            fused_gather([o.params[i] for i in bucket.layers], [o._grad_views[i] for i in bucket.layers])
+            o._prepare(flat)
+            amax = self.amax[bucket.index]
+            abs_max_into(amax, [flat])
+            flat.masked_fill_(torch.isfinite(amax).logical_not_(), 0.0)
+        else:
+            for i in bucket.layers:
+                _gather(o.params[i], o._grad_views[i])
+            o._prepare(flat)
+            bucket.finite = bool(np.isfinite(backend.abs_max(bucket.buffer)))  # one read pass, one host read
+            if not bucket.finite:  # zeros go out instead; the ranks agree on skipping afterwards
+                flat.zero_()
         bucket.future = self._executor.submit(bucket.scheme.step, bucket.buffer, out=bucket.buffer)  # in place
 
     # ------------------------------------------------------------------ finish
     def finish(self):
-        """Start the buckets not started yet, wait for all; returns (this rank finite, the mean update as
+        """Start the buckets not started yet, wait for all; returns (this rank finite -- on the host; on a
+        device the buckets' flags are in :attr:`amax`, read with the update's --, the mean update as
         a torch tensor of the whole layout on the model's device: the fusion buffer itself, each bucket's
         scheme having written its update in place over its gradients)."""
         for bucket in self.buckets[self._next:]:

@@ -1,7 +1,7 @@
 """The device-resident step on a strict fake device: every data-parallel scheme, CPU run vs device runs.
 
 Run as ``python -m mpi4py tests/mpi/device_path.py OUT.json WHAT [SCHEME ...]``
-under ``mpiexec -n W`` (``WHAT``: ``bench``, ``train`` or ``both``).  CuPy is
+under ``mpiexec -n W`` (``WHAT``: ``bench``, ``train``, ``library`` or ``both``: all three).  CuPy is
 replaced by :mod:`gpu_emu.strictcupy` (device arrays that refuse implicit
 conversion to NumPy and count every device-to-host copy).  The selection
 kernels are the NumPy ones behind the device wall (strictcupy's ``host``
@@ -159,12 +159,94 @@ def run(what: str, key: str, mode: str, W: int):
     return rec, losses, res
 
 
+#: the library's own device path (``library`` in the report): plain and overlapped, dense and topk --layerwise
+LIBRARY = {"dense": ("dense", {}, False), "topk-layerwise": ("topk", {"layerwise": True}, False),
+           "dense-overlap": ("dense", {}, True), "topk-layerwise-overlap": ("topk", {"layerwise": True}, True)}
+#: the step whose gradient is made NaN on the last rank (every rank skips it)
+NAN_STEP = 3
+
+
+class _Net(torch.nn.Module):
+    """Two float32 layers and a bfloat16 gain (the write-back converts into a 16-bit ``.grad``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+        self.gain = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)) * self.gain.float())
+
+
+def library_check(W: int) -> dict:
+    """DistributedOptimizer on the strict fake device, W ranks, 5 steps each way: per step the host reads of
+    finite flags (the library's ``flag_reads`` and the fake's device-to-host copies), the write-back's fused
+    operations (``write_back_ops`` and calls of ``torch._foreach_copy_``), and the largest difference of
+    every ``.grad`` after backward from the NumPy mean of all ranks' gradients (computed again with plain
+    torch, gathered); at step ``NAN_STEP`` the last rank's gradient is NaN: skipped on every rank."""
+    from mpisparse.torch import DistributedOptimizer as make
+
+    rank = Communicator().rank
+    calls = [0]
+    real = torch._foreach_copy_
+
+    def counted(*a, **kw):
+        calls[0] += 1
+        return real(*a, **kw)
+
+    out = {}
+    for key, (name, opts, overlap) in LIBRARY.items():
+        use_device(True)
+        torch._foreach_copy_ = counted
+        try:
+            torch.manual_seed(0)
+            net = _Net()
+            opt = make(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
+                       comm=Communicator(cuda_aware=True), scheme=name, density=1.0, overlap=overlap, **opts)
+            assert opt._on_device, "the fake device did not reach the optimizer"
+            g = torch.Generator().manual_seed(100 + rank)
+            rows = []
+            for t in range(5):
+                x, y = torch.randn(4, 6, generator=g), torch.randint(0, 3, (4,), generator=g)
+                scale = float("nan") if t == NAN_STEP and rank == W - 1 else 1.0
+                loss = lambda: torch.nn.functional.cross_entropy(net(x), y) * scale  # noqa: E731
+                mine = [gr.detach().float().numpy().copy()
+                        for gr in torch.autograd.grad(loss(), list(net.parameters()))]
+                mean = np.mean(np.stack([np.concatenate([m.ravel() for m in r])
+                                         for r in Communicator().allgather_obj(mine)]), axis=0, dtype=np.float32)
+                # the mean in each parameter's dtype (the bfloat16 gain's .grad is the mean rounded to it)
+                want = np.concatenate([torch.from_numpy(m).to(p.dtype).float().numpy() for m, p in
+                                       zip(np.split(mean, np.cumsum([p.numel() for p in net.parameters()])[:-1]),
+                                           net.parameters())])
+                opt.zero_grad()
+                r0, d0, w0 = opt.flag_reads, strictcupy.COUNTS["d2h"], opt.write_back_ops
+                c0, s0 = calls[0], opt.skipped_steps
+                loss().backward()  # the exchange runs here (DDP's contract)
+                got = np.concatenate([p.grad.detach().float().numpy().ravel() for p in net.parameters()])
+                stepped = opt.step()
+                skipped = opt.skipped_steps - s0
+                rows.append({"flag_reads": opt.flag_reads - r0, "d2h": strictcupy.COUNTS["d2h"] - d0,
+                             "write_back_ops": opt.write_back_ops - w0, "foreach_copies": calls[0] - c0,
+                             "stepped": bool(stepped), "skipped": skipped, "all_nan": bool(np.isnan(got).all()),
+                             "diff": None if skipped else float(np.max(np.abs(got - want)
+                                                                       / np.maximum(np.abs(want), 1e-3)))})
+            params = np.concatenate([p.detach().float().numpy().ravel() for p in net.parameters()])
+            same = all(np.array_equal(params, q) for q in Communicator().allgather_obj(params))
+            out[key] = {"steps": rows, "params_equal_on_ranks": same, "buckets": len(opt.overlap.buckets)
+                        if opt.overlap is not None else 0}
+            opt.close()
+        finally:
+            torch._foreach_copy_ = real
+            use_device(False)
+    return out
+
+
 def main() -> None:
     out_path, what = sys.argv[1], sys.argv[2]
     keys = sys.argv[3:] or list(SCHEMES)
     W = Communicator().size
     report: dict = {}
-    for kind in (("bench", "train") if what == "both" else (what,)):
+    for kind in (("bench", "train") if what == "both" else (what,) if what != "library" else ()):
         for key in keys:
             runs = {mode: run(kind, key, mode, W) for mode in ("cpu", "aware", "staged")}
             cpu_rec, cpu_losses, cpu_res = runs["cpu"]
@@ -187,6 +269,8 @@ def main() -> None:
                                "steps": len(rec), "staging_copies_per_step": res.staging_copies_per_step,
                                "cpu_result_staging": cpu_res.staging_copies_per_step}
             report[f"{kind}:{key}"] = entry
+    if what in ("both", "library"):
+        report["library"] = library_check(W)
     if Communicator().rank == 0:
         Path(out_path).write_text(json.dumps(report, indent=1))
 
