@@ -185,6 +185,7 @@ def library_check(W: int) -> dict:
     every ``.grad`` after backward from the NumPy mean of all ranks' gradients (computed again with plain
     torch, gathered); at step ``NAN_STEP`` the last rank's gradient is NaN: skipped on every rank."""
     from mpisparse.torch import DistributedOptimizer as make
+    from mpisparse.torch.sgd import SGD  # torch.optim's would import torch._dynamo (seconds of the job)
 
     rank = Communicator().rank
     calls = [0]
@@ -201,7 +202,7 @@ def library_check(W: int) -> dict:
         try:
             torch.manual_seed(0)
             net = _Net()
-            opt = make(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
+            opt = make(SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
                        comm=Communicator(cuda_aware=True), scheme=name, density=1.0, overlap=overlap, **opts)
             assert opt._on_device, "the fake device did not reach the optimizer"
             g = torch.Generator().manual_seed(100 + rank)
