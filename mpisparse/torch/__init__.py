@@ -260,7 +260,7 @@ class _DistributedMixin(OverflowGuard):
         buffer, as DDP's ``gradient_as_bucket_view``. On a device one fused multi-tensor copy into the
         ``.grad`` tensors backward made (:func:`~mpisparse.torch.overlap.fused_write_back`, which says why).
         Op Sum and a predivide factor scale the buffer in place first (one pass, only then)."""
-        flat = backend.to_torch(out)
+        flat = self._flat if out is self.buffer else backend.to_torch(out)
         scale = (self.comm.size if self.op == "sum" else 1) * self.gradient_predivide_factor * self._scale()
         ours = flat.data_ptr() == self._flat.data_ptr() and flat.numel() == self._flat.numel()
         if ours and scale != 1.0:
