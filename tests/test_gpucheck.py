@@ -52,7 +52,8 @@ def test_floor_table_says_measured_target_met_for_every_row():
                               "topk_abs_radix2": {"plain": 0.05, "graph": 0.016, "graph_reuse": 0.014}}},
         "select-deft": [{"world_size": 1, "deft_max_seconds": 0.00081, "norms_ms": 0.049},
                         {"world_size": 4, "deft_max_seconds": 0.00029, "norms_ms": 0.05}],
-        "library-cuda": {"rows": [{"scheme": "dense", "library_ms": 2.3, "library_local_step_ms": 1.4},
+        "library-cuda": {"rows": [{"scheme": "dense", "library_ms": 2.3, "library_local_step_ms": 1.4,
+                                   "library_flag_reads_per_step": 1.0},
                                   {"scheme": "topk", "library_ms": 2.0, "library_local_step_ms": 1.4}]},
         "cuda-mpi-info": {"cuda_aware": True, "cuda_aware_how": "library: yes"},
         "cuda-mpi-step": [{"scheme": "dense", "step_seconds": 0.004, "staging_copies_per_step": {"d2h": 0, "h2d": 0}},
@@ -65,7 +66,8 @@ def test_floor_table_says_measured_target_met_for_every_row():
     assert rows[2]["measured"] == "0.042 ms = 0.70 copies" and rows[2]["target"] == "<= 0.75 copy"
     assert "topk_abs_radix2 0.0140 ms" in rows[3]["measured"]
     assert [r["target"] for r in rows[4:7]] == ["<= 0.3 ms", "<= 0.8 ms", "<= 0.05 ms"]
-    assert rows[7]["measured"] == "0.90 ms (local step 1.40 ms)" and rows[8]["target"] == "<= 0.5 ms"
+    assert rows[7]["measured"] == "0.90 ms (local step 1.40 ms; 1 flag reads a step)" and rows[8]["target"] == "<= 0.5 ms"
+    assert rows[8]["measured"] == "0.60 ms (local step 1.40 ms)"
     # a replay that differs from a fresh call fails the row however fast
     results["fixed-cost"]["replay_equals_fresh"] = False
     assert floor_table(results)[3]["met"] is False
