@@ -106,7 +106,7 @@ def floor_table(results: dict[str, Any]) -> list[dict[str, Any]]:
         adds = r["library_ms"] - r["library_local_step_ms"] if r else None
         row(f"library adds to a step beyond the local optimizer step, resnet18 W=2, {scheme}",
             f"{adds:.2f} ms (local step {r['library_local_step_ms']:.2f} ms"
-            + (f"; {r['library_flag_reads_per_step']:g} flag reads a step" if "library_flag_reads_per_step" in r
+            + (f"; flag reads a step {r['library_flag_reads_per_step']:g}" if "library_flag_reads_per_step" in r
                else "") + ")" if r else None, f"<= {target:g} ms",
             None if adds is None else adds <= target)
 
