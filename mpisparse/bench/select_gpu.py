@@ -210,7 +210,8 @@ def format_select_bench_gpu(res: dict) -> str:
 
 #: Targets of the segmented DEFT selection on the device (resnet50's layers, density 0.01; issue 47's table):
 #: ``(model, density, world size or None for the norms) -> ms``.
-DEFT_TARGETS_MS = {("resnet50", 0.01, 1): 0.8, ("resnet50", 0.01, 4): 0.3, ("resnet50", 0.01, None): 0.05}
+DEFT_TARGETS_MS = {**{("resnet50", 0.01, w): ms for w, ms in floor.DEFT_MS.items()},
+                   ("resnet50", 0.01, None): floor.NORMS_MS}
 
 
 def run_deft_select_bench_gpu(models=("resnet50", "lstm-wt2"), worlds=(1, 2, 4, 8, 16), density: float = 0.01,
