@@ -38,7 +38,7 @@ def test_dry_run_plans_a_small_cuda_build_and_touches_nothing(tmp_path):
     assert p.returncode == 0, p.stderr
     text = p.stdout
     configure = next(line for line in text.splitlines() if line.startswith("configure:"))
-    assert f"--with-cuda={out}/work/cuda" in configure
+    assert f"--with-cuda={out}/src/cuda" in configure
     for flag in ("--disable-mpi-fortran", "--disable-oshmem", "--disable-static", "--enable-shared",
                  "--enable-mca-no-build=", f"--prefix={out}/openmpi-cuda"):
         assert flag in configure, flag
