@@ -1,10 +1,10 @@
 // A small CPU emulator of the CUDA execution model, for running the kernels of
 // mpisparse/backend/cuda/*.cu on a machine without a GPU (tests only).
 //
-// Every CUDA thread of a block is a fiber on one OS thread; blocks run one
-// after another.  A fiber is started once per launch (ucontext) and then runs
-// the kernel body once per block; switches between fibers and the scheduler
-// are _setjmp/_longjmp, which save no signal mask (swapcontext makes a system
+// Every CUDA thread of a block is a fiber on one OS thread.  Fibers live as
+// long as the process: each is entered once (ucontext) and then runs the
+// kernel body of the current launch once per block it is given; switches between fibers and the scheduler are
+// _setjmp/_longjmp, which save no signal mask (swapcontext makes a system
 // call at every switch).  fakecupy.py compiles without _FORTIFY_SOURCE, whose
 // checked longjmp refuses to jump to another stack.
 //
@@ -13,12 +13,22 @@
 // every thread of its block (or lane of its warp) has arrived.  So the
 // kernels' barrier and warp-collective logic executes for real (results,
 // counts, orders), and a thread that skips a barrier its block or warp
-// reaches is reported as a deadlock.  What it cannot show:
-// timing, memory-ordering races between barriers (threads interleave only at
-// synchronisation points), and anything about real device performance.
+// reaches is reported as a deadlock.
 //
-// __shared__ variables become function statics: one copy, shared by the
-// threads of the running block (blocks never overlap in time).
+// Blocks run in the order the launch asks for (`mode`, `seed`: fakecupy.py
+// reads MPISPARSE_EMU_BLOCK_ORDER): forward (0, 1, 2, ...), reverse, a
+// seeded permutation run one block after another, or interleaved: up to
+// EMU_SLOTS blocks of the permutation resident at once, and at each step a
+// seeded choice of which resident block runs one round (every waiting thread
+// of it to its next barrier), so one block's atomics and global writes land
+// between another block's barrier phases.  What it cannot show: timing,
+// memory-ordering races (every write is visible at once, threads interleave
+// only at synchronisation points, so a missing __threadfence goes unseen),
+// and anything about real device performance.
+//
+// __shared__ declarations are rewritten by fakecupy.py into function statics
+// with one copy per slot (emu_sh_NAME[EMU_SLOTS]...) and a reference to the
+// running slot's copy, bound when the declaration executes.
 
 #ifndef MPISPARSE_EMU_HPP
 #define MPISPARSE_EMU_HPP
@@ -31,6 +41,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <sys/mman.h>
 #include <functional>
 #include <type_traits>
 #include <utility>
@@ -41,7 +53,9 @@
 #define __host__
 #define __forceinline__ inline
 #define __restrict__ __restrict
-#define __shared__ static
+// fakecupy.py rewrites every __shared__ declaration (one copy per slot); one left over fails to compile
+#define __shared__ emu_shared_declaration_not_rewritten_by_fakecupy
+#define EMU_SLOTS 3
 
 // CUDA's 16-byte vector types (what a kernel's 16-byte loads read)
 struct alignas(16) float4 {
@@ -57,6 +71,7 @@ struct emu_dim3 {
 
 namespace emu {
 inline emu_dim3 g_thread{0, 1, 1}, g_block{0, 1, 1}, g_bdim{1, 1, 1}, g_gdim{1, 1, 1};
+inline unsigned g_slot = 0;  // the resident block (slot) whose thread runs now: its copy of __shared__
 
 struct Fiber {
     ucontext_t ctx;  // only to enter the fiber's stack the first time
@@ -66,14 +81,26 @@ struct Fiber {
     bool done = false;
 };
 
+// one resident block: its threads (blockDim.x fibers of the pool) and its barrier state
+struct Slot {
+    size_t first = 0;  // its thread t is fiber g_pool[first + t]
+    unsigned block = 0, remaining = 0;
+    bool active = false;
+    int idle_rounds = 0;
+    std::vector<unsigned> warp_arrived, warp_gen;
+    std::vector<uint64_t> warp_slot;
+    unsigned block_arrived = 0, block_gen = 0;
+};
+
+enum Order { FORWARD = 0, REVERSE = 1, SHUFFLE = 2, INTERLEAVE = 3 };
+
 inline jmp_buf g_sched;
-inline std::vector<std::vector<char>> g_stacks;  // reused by every launch (zero-filled once)
-inline std::vector<Fiber>* g_fibers = nullptr;
+inline std::vector<std::unique_ptr<Fiber>> g_pool;  // every fiber ever made, each on its own mmap'ed stack
+inline ucontext_t g_ctx0;           // what a new fiber's context starts from (getcontext once)
+inline const size_t STACK = 64 * 1024;
 inline Fiber* g_cur = nullptr;
+inline Slot* g_cur_slot = nullptr;
 inline const std::function<void()>* g_body = nullptr;
-inline std::vector<unsigned> g_warp_arrived, g_warp_gen;
-inline std::vector<uint64_t> g_warp_slot;
-inline unsigned g_block_arrived = 0, g_block_gen = 0;
 inline bool g_progress = false;
 
 inline void yield() {
@@ -98,87 +125,152 @@ inline void resume(Fiber& f) {
 }
 
 inline void block_barrier() {
-    const unsigned gen = g_block_gen;
+    Slot& s = *g_cur_slot;
+    const unsigned gen = s.block_gen;
     g_progress = true;
-    if (++g_block_arrived == g_bdim.x) {
-        g_block_arrived = 0;
-        ++g_block_gen;
+    if (++s.block_arrived == g_bdim.x) {
+        s.block_arrived = 0;
+        ++s.block_gen;
         return;
     }
-    while (g_block_gen == gen) yield();
+    while (s.block_gen == gen) yield();
 }
 
 inline void warp_barrier() {
+    Slot& s = *g_cur_slot;
     const unsigned w = g_cur->tid / 32;
-    const unsigned gen = g_warp_gen[w];
+    const unsigned gen = s.warp_gen[w];
     g_progress = true;
-    if (++g_warp_arrived[w] == 32) {
-        g_warp_arrived[w] = 0;
-        ++g_warp_gen[w];
+    if (++s.warp_arrived[w] == 32) {
+        s.warp_arrived[w] = 0;
+        ++s.warp_gen[w];
         return;
     }
-    while (g_warp_gen[w] == gen) yield();
+    while (s.warp_gen[w] == gen) yield();
 }
 
 // every lane publishes a 64-bit value; returns the 32 values of the warp
 inline void warp_exchange(uint64_t v, uint64_t out[32]) {
+    Slot& s = *g_cur_slot;
     const unsigned w = g_cur->tid / 32, lane = g_cur->tid % 32;
-    g_warp_slot[w * 32 + lane] = v;
+    s.warp_slot[w * 32 + lane] = v;
     warp_barrier();
-    std::memcpy(out, &g_warp_slot[w * 32], 32 * sizeof(uint64_t));
+    std::memcpy(out, &s.warp_slot[w * 32], 32 * sizeof(uint64_t));
     warp_barrier();  // nobody overwrites the slots before every lane has read them
 }
 
-// Run body() as a kernel of grid x block threads (1-D).
-inline void launch(unsigned grid, unsigned block, const std::function<void()>& body) {
+// splitmix64: the seeded choices of a launch (permutation, which resident block runs next)
+inline uint64_t next_random(uint64_t& state) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+inline const char* order_name(int mode) {
+    static const char* names[] = {"forward", "reverse", "seed", "interleave"};
+    return mode >= 0 && mode <= 3 ? names[mode] : "?";
+}
+
+inline void start_block(Slot& s, unsigned block_id, unsigned block) {
+    s.block = block_id;
+    s.active = true;
+    s.remaining = block;
+    s.idle_rounds = 0;
+    s.warp_arrived.assign(block / 32, 0);
+    s.warp_gen.assign(block / 32, 0);
+    s.warp_slot.assign(block, 0);
+    s.block_arrived = s.block_gen = 0;
+    for (unsigned t = 0; t < block; ++t) g_pool[s.first + t]->done = false;
+}
+
+// One round of a resident block: every thread not done runs to its next synchronisation point (or its end).
+inline void run_round(Slot& s, unsigned slot, int mode, uint64_t seed) {
+    g_progress = false;
+    g_cur_slot = &s;
+    g_slot = slot;
+    g_block = {s.block, 0, 0};
+    for (unsigned t = 0; t < g_bdim.x; ++t) {
+        Fiber& f = *g_pool[s.first + t];
+        if (f.done) continue;
+        g_cur = &f;
+        g_thread = {f.tid, 0, 0};
+        resume(f);
+        if (f.done) --s.remaining;
+    }
+    s.idle_rounds = g_progress ? 0 : s.idle_rounds + 1;
+    if (s.idle_rounds > 2) {
+        std::fprintf(stderr, "emu: deadlock in block %u: %u threads wait at a barrier that the others "
+                             "never reach (divergent __syncthreads or warp intrinsic; block order %s, "
+                             "launch seed %llu)\n", s.block, s.remaining, order_name(mode),
+                     (unsigned long long)seed);
+        std::abort();
+    }
+    if (s.remaining == 0) s.active = false;
+}
+
+// Run body() as a kernel of grid x block threads (1-D), its blocks in the order `mode` (enum Order) draws
+// from `seed`.
+inline void launch(unsigned grid, unsigned block, int mode, uint64_t seed, const std::function<void()>& body) {
     if (block == 0 || block % 32 != 0 || block > 1024) {
         std::fprintf(stderr, "emu: blockDim.x must be a multiple of 32 in [32, 1024], got %u\n", block);
         std::abort();
     }
-    std::vector<Fiber> fibers(block);
-    if (g_stacks.size() < block) g_stacks.resize(block, std::vector<char>(64 * 1024));
-    for (unsigned t = 0; t < block; ++t) {
-        Fiber& f = fibers[t];
-        f.tid = t;
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = g_stacks[t].data();
-        f.ctx.uc_stack.ss_size = g_stacks[t].size();
+    if (mode < FORWARD || mode > INTERLEAVE) {
+        std::fprintf(stderr, "emu: unknown block order %d\n", mode);
+        std::abort();
+    }
+    std::vector<unsigned> order(grid);
+    for (unsigned b = 0; b < grid; ++b) order[b] = mode == REVERSE ? grid - 1 - b : b;
+    uint64_t rng = seed;
+    if (mode >= SHUFFLE)
+        for (unsigned i = grid; i > 1; --i) std::swap(order[i - 1], order[next_random(rng) % i]);
+    const unsigned nslots = mode == INTERLEAVE ? (grid < EMU_SLOTS ? (grid ? grid : 1) : EMU_SLOTS) : 1;
+    if (g_pool.empty()) getcontext(&g_ctx0);
+    while (g_pool.size() < (size_t)nslots * block) {  // a fiber waits in fiber_main between launches
+        void* p = mmap(nullptr, STACK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            std::fprintf(stderr, "emu: cannot map a fiber stack\n");
+            std::abort();
+        }
+        Fiber& f = *g_pool.emplace_back(new Fiber());
+        f.ctx = g_ctx0;
+        f.ctx.uc_stack.ss_sp = p;
+        f.ctx.uc_stack.ss_size = STACK - g_pool.size() % 61 * 64;  // stack tops staggered over the cache sets
         f.ctx.uc_link = nullptr;
         makecontext(&f.ctx, fiber_main, 0);
     }
-    g_fibers = &fibers;
+    std::vector<Slot> slots(nslots);
+    for (unsigned s = 0; s < nslots; ++s) {
+        slots[s].first = (size_t)s * block;
+        for (unsigned t = 0; t < block; ++t) g_pool[slots[s].first + t]->tid = t;
+    }
     g_body = &body;
     g_bdim = {block, 1, 1};
     g_gdim = {grid, 1, 1};
-    for (unsigned b = 0; b < grid; ++b) {
-        g_block = {b, 0, 0};
-        g_warp_arrived.assign(block / 32, 0);
-        g_warp_gen.assign(block / 32, 0);
-        g_warp_slot.assign(block, 0);
-        g_block_arrived = 0;
-        g_block_gen = 0;
-        for (Fiber& f : fibers) f.done = false;
-        unsigned remaining = block;
-        int idle_rounds = 0;
-        while (remaining) {
-            g_progress = false;
-            for (unsigned t = 0; t < block; ++t) {
-                Fiber& f = fibers[t];
-                if (f.done) continue;
-                g_cur = &f;
-                g_thread = {t, 0, 0};
-                resume(f);
-                if (f.done) --remaining;
-            }
-            idle_rounds = g_progress ? 0 : idle_rounds + 1;
-            if (idle_rounds > 2) {
-                std::fprintf(stderr, "emu: deadlock in block %u: %u threads wait at a barrier that the others "
-                                     "never reach (divergent __syncthreads or warp intrinsic)\n", b, remaining);
-                std::abort();
+    unsigned next = 0;
+    if (mode != INTERLEAVE) {  // one block after another
+        for (; next < grid; ++next) {
+            start_block(slots[0], order[next], block);
+            while (slots[0].active) run_round(slots[0], 0, mode, seed);
+        }
+    } else {  // up to nslots resident blocks; a seeded choice of which one runs the next round
+        unsigned active = 0;
+        for (unsigned s = 0; s < nslots && next < grid; ++s, ++active) start_block(slots[s], order[next++], block);
+        while (active) {
+            unsigned pick = (unsigned)(next_random(rng) % active), s = 0;
+            for (;; ++s)
+                if (slots[s].active && pick-- == 0) break;
+            run_round(slots[s], s, mode, seed);
+            if (!slots[s].active) {
+                if (next < grid) start_block(slots[s], order[next++], block);
+                else --active;
             }
         }
     }
-    g_fibers = nullptr;
+    g_cur = nullptr;
+    g_cur_slot = nullptr;
+    g_slot = 0;
 }
 }  // namespace emu
 
@@ -209,7 +301,7 @@ inline T __shfl_sync(unsigned, T v, int src, int = 32) {
     return out;
 }
 
-inline void __threadfence() {}  // blocks run one after another: every write is already visible
+inline void __threadfence() {}  // one memory, every write visible at once (a missing fence goes unseen)
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __ffs(unsigned v) { return __builtin_ffs((int)v); }
 inline unsigned __float_as_uint(float v) {
@@ -223,7 +315,7 @@ inline long long __double_as_longlong(double v) {
     return u;
 }
 template <typename T>
-inline T atomicAdd(T* p, T v) {  // one OS thread: plain read-modify-write
+inline T atomicAdd(T* p, T v) {  // one OS thread, switches only at barriers: plain read-modify-write
     const T old = *p;
     *p = old + v;
     return old;

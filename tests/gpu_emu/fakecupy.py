@@ -7,7 +7,11 @@ without a GPU: arrays are NumPy arrays of a subclass that calls itself
 CuPy kernels), and ``RawModule`` compiles the package's CUDA C sources with
 ``g++`` against ``emu.hpp`` -- a CPU emulator of blocks, threads,
 ``__syncthreads`` and warp intrinsics -- and launches them with
-cuLaunchKernel-style argument marshalling.  Every launch checks each
+cuLaunchKernel-style argument marshalling.  A launch runs its blocks in the
+order ``MPISPARSE_EMU_BLOCK_ORDER`` asks for (:func:`block_order`; by default
+interleaved, several blocks resident at once), so a kernel whose result
+depends on which block runs or finishes first fails here as it could on a
+GPU.  Every launch checks each
 argument against the kernel's parameter (pointer or scalar, and the scalar's
 byte size), as a real launch would silently misread them.  ``empty`` fills
 with a poison byte pattern, so reading memory no kernel wrote shows up.
@@ -44,6 +48,74 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 POISON = 0xA5
 __version__ = "0.0-emu"
+
+
+#: how the emulator orders a launch's blocks (see :func:`block_order`)
+ORDER_ENV = "MPISPARSE_EMU_BLOCK_ORDER"
+#: the test suite's order: fixed (a failure reproduces by rerunning the test), not the forward one
+DEFAULT_ORDER = "interleave:1"
+_MODES = {"forward": 0, "reverse": 1, "seed": 2, "interleave": 3}
+
+
+def block_order() -> tuple[int, int, str]:
+    """``(mode, seed, text)`` of ``$MPISPARSE_EMU_BLOCK_ORDER`` (default :data:`DEFAULT_ORDER`).
+
+    ``forward``: blocks 0, 1, 2, ... one after another; ``reverse``: the last
+    block first; ``seed:N``: a permutation drawn from N, one block after
+    another; ``interleave:N``: that permutation with up to ``EMU_SLOTS``
+    (emu.hpp) blocks resident at once, a choice drawn from N deciding which
+    one runs to its next barrier.  Each launch draws from N mixed with the
+    kernel's name, grid, block and scalar arguments (never with what ran
+    before), so a test run alone reproduces the orders it had in the suite.
+    """
+    text = os.environ.get(ORDER_ENV, "").strip() or DEFAULT_ORDER
+    name, _, arg = text.partition(":")
+    ok = name in _MODES and (arg.isdigit() if name in ("seed", "interleave") else arg == "")
+    if not ok:
+        raise ValueError(f"{ORDER_ENV}={text!r}: expected forward, reverse, seed:N or interleave:N "
+                         "(N a non-negative integer)")
+    return _MODES[name], int(arg or 0), text
+
+
+def describe_block_order() -> str:
+    """One line naming the order in force and how to choose another (printed by :func:`install`)."""
+    return (f"emu: blocks run in the order {ORDER_ENV}={block_order()[2]} "
+            "(choose forward, reverse, seed:N or interleave:N to rerun another)")
+
+
+def _launch_seed(seed: int, name: str, grid: int, block: int, scalars: bytes) -> int:
+    h = hashlib.blake2b(f"{seed}|{name}|{grid}|{block}|".encode() + scalars, digest_size=8)
+    return int.from_bytes(h.digest(), "little")
+
+
+_SHARED_RE = re.compile(r"(\bextern\s+)?\b__shared__\s+([^;{}()]*);")
+_FIRST_DECL_RE = re.compile(r"(.*?)\b([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)", re.S)
+_NEXT_DECL_RE = re.compile(r"([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)", re.S)
+
+
+def rewrite_shared(code: str) -> str:
+    """Every ``__shared__ T a[N], b;`` as one static copy per resident block and a reference to the running one's.
+
+    ``static T emu_sh_a[EMU_SLOTS][N]; auto& a = emu_sh_a[emu::g_slot];`` (emu.hpp sets ``g_slot`` for the
+    thread that runs, so interleaved blocks never share their shared memory).  A form this does not
+    understand raises; one it misses fails to compile (emu.hpp defines ``__shared__`` as an error).
+    """
+    def one(m: re.Match) -> str:
+        parts = [p.strip() for p in m.group(2).split(",")]
+        first = _FIRST_DECL_RE.fullmatch(parts[0])
+        typ = first.group(1).strip() if first else ""
+        if not first or not typ or m.group(1) or "=" in m.group(2):
+            raise RuntimeError(f"emu: cannot rewrite the shared declaration {m.group(0)!r}")
+        decls = [(first.group(2), first.group(3))]
+        for p in parts[1:]:
+            d = _NEXT_DECL_RE.fullmatch(p)
+            if d is None:
+                raise RuntimeError(f"emu: cannot rewrite the shared declaration {m.group(0)!r}")
+            decls.append((d.group(1), d.group(2)))
+        return " ".join(f"static {typ} emu_sh_{n}[EMU_SLOTS]{dims.strip()}; auto& {n} = emu_sh_{n}[emu::g_slot];"
+                        for n, dims in decls)
+
+    return _SHARED_RE.sub(one, code)
 
 
 def compiler_available() -> bool:
@@ -325,6 +397,7 @@ def _cache_dir() -> Path:
 def _build(code: str) -> ctypes.CDLL:
     cxx = os.environ.get("CXX", "g++")
     emu = (HERE / "emu.hpp").read_text()
+    code = rewrite_shared(code)
     key = hashlib.sha256((" ".join(_CXXFLAGS) + "\0" + emu + "\0" + code).encode()).hexdigest()[:20]
     if key in _LIBS:
         return _LIBS[key]
@@ -342,8 +415,9 @@ def _build(code: str) -> ctypes.CDLL:
                 "template <typename... A> int emu_params(void (*)(A...), unsigned long long* size, int* ptr) {",
                 "  int i = 0; ((size[i] = sizeof(A), ptr[i] = std::is_pointer<A>::value, ++i), ...); return i; }"]
         for n in names:
-            wrap.append(f'extern "C" void emu_launch_{n}(unsigned g, unsigned b, void** a) '
-                        f'{{ emu::launch(g, b, [&] {{ emu::call_with(&{n}, a); }}); }}')
+            wrap.append(f'extern "C" void emu_launch_{n}(unsigned g, unsigned b, void** a, int mode, '
+                        f'unsigned long long seed) '
+                        f'{{ emu::launch(g, b, mode, seed, [&] {{ emu::call_with(&{n}, a); }}); }}')
             wrap.append(f'extern "C" int emu_params_{n}(unsigned long long* s, int* p) '
                         f'{{ return emu_params(&{n}, s, p); }}')
         src.write_text(body + "\n".join(wrap) + "\n")
@@ -373,7 +447,7 @@ class RawKernel:
     def __call__(self, grid, block, args):
         if len(args) != len(self.params):
             raise TypeError(f"{self.name}: {len(args)} arguments for {len(self.params)} parameters")
-        keep, slots = [], []
+        keep, slots, scalars = [], [], []
         for i, (a, (size, is_ptr)) in enumerate(zip(args, self.params)):
             if isinstance(a, np.ndarray):
                 if not is_ptr:
@@ -389,6 +463,7 @@ class RawKernel:
                     raise TypeError(f"{self.name}: argument {i} is {a.dtype} ({a.dtype.itemsize} bytes) "
                                     f"but the parameter has {size} bytes")
                 h = np.array(a)
+                scalars.append(h.tobytes())
                 keep.append(h)
                 slots.append(h.ctypes.data)
             else:
@@ -397,8 +472,12 @@ class RawKernel:
         argv = (ctypes.c_void_p * max(1, len(slots)))(*slots)
         g, b = (grid[0] if isinstance(grid, tuple) else grid), (block[0] if isinstance(block, tuple) else block)
 
+        scalar_bytes = b"".join(scalars)
+
         def run(keep=keep):  # the arguments as marshalled now: addresses and scalar values (a graph's node)
-            self._launch(ctypes.c_uint(int(g)), ctypes.c_uint(int(b)), argv)
+            mode, seed, _ = block_order()  # read at run time: a replayed graph follows the order in force
+            self._launch(ctypes.c_uint(int(g)), ctypes.c_uint(int(b)), argv, ctypes.c_int(mode),
+                         ctypes.c_ulonglong(_launch_seed(seed, self.name, int(g), int(b), scalar_bytes)))
             self.launches += 1
 
         enqueue(run)
@@ -448,6 +527,7 @@ def install(monkeypatch) -> types.ModuleType:
     from mpisparse.backend import cupy_launch, cupy_segments, cupy_select
 
     mod = as_cupy_module()
+    print(describe_block_order(), file=sys.stderr)  # shown with a failing test's captured output
     monkeypatch.setitem(sys.modules, "cupy", mod)
     reset_graph_state(monkeypatch.setattr)
     monkeypatch.setattr(cupy_launch, "_modules", {})

@@ -496,6 +496,8 @@ def _clear_kernel_caches(setattr_) -> None:
 def install(monkeypatch, kernels: str = "emu") -> types.ModuleType:
     """Make this strict emulator ``cupy`` for the duration of a test (pytest ``monkeypatch``)."""
     mod = as_cupy_module()
+    if kernels == "emu":
+        print(fakecupy.describe_block_order(), file=sys.stderr)  # shown with a failing test's captured output
     monkeypatch.setitem(sys.modules, "cupy", mod)
     _clear_kernel_caches(monkeypatch.setattr)
     _use_kernels(kernels, monkeypatch.setitem)
