@@ -35,6 +35,9 @@ SOURCES = sorted(CUDA_DIR.glob("*.cu"))
 
 def test_every_cuda_source_is_listed():
     assert sorted(p.name for p in SOURCES) == sorted(ck.KERNEL_SOURCES)
+    # every header is inlined for NVRTC, and no source is left with an include of the package's own
+    assert sorted(p.name for p in CUDA_DIR.glob("*.cuh")) == sorted(cupy_launch.HEADERS)
+    assert all('#include "' not in cupy_launch.kernel_source(p.name) for p in SOURCES)
 
 
 def _nvcc() -> str | None:
@@ -74,7 +77,7 @@ def _libnvrtc() -> ctypes.CDLL | None:
 
 
 def test_cuda_sources_compile_with_nvrtc():
-    """What CuPy's RawModule does at run time: NVRTC on the text with common.cuh inlined, no system headers."""
+    """What CuPy's RawModule does at run time: NVRTC on the text with the package's headers inlined, no system headers."""
     lib = _libnvrtc()
     if lib is None:
         pytest.skip("no libnvrtc here (pip install nvidia-cuda-nvrtc, or set MPISPARSE_NVRTC=/path/libnvrtc.so)")

@@ -11,6 +11,7 @@ resident block; a kernel that assumes block 0 (or the highest block) finishes fi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -144,8 +145,9 @@ def test_a_barrier_some_threads_never_reach_is_reported_as_a_deadlock():
     code = ("import numpy as np; from gpu_emu import fakecupy; "
             f"m = fakecupy.RawModule({KERNELS!r}); "
             "m.get_function('divergent')((1,), (64,), (np.zeros(64, dtype=np.int32),)); print('returned')")
+    env = {k: v for k, v in os.environ.items() if k != fakecupy.ORDER_ENV}  # the default order
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       cwd=fakecupy.HERE.parent)
+                       cwd=fakecupy.HERE.parent, env=env)
     assert p.returncode != 0 and "returned" not in p.stdout
     assert "emu: deadlock in block 0: 63 threads wait at a barrier" in p.stderr, p.stderr[-2000:]
     assert "block order interleave, launch seed" in p.stderr  # the default order, named for a rerun

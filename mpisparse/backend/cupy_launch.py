@@ -55,12 +55,17 @@ def available() -> bool:
         return False
 
 
+#: the package's CUDA headers, in the order a source includes them
+HEADERS = ("common.cuh", "radix_select.cuh")
+
+
 def kernel_source(name: str) -> str:
-    """The CUDA C text of ``cuda/<name>`` with ``common.cuh`` inlined (what NVRTC compiles)."""
+    """The CUDA C text of ``cuda/<name>`` with the package's headers inlined (what NVRTC compiles)."""
     base = resources.files("mpisparse.backend") / "cuda"
     text = (base / name).read_text()
-    common = (base / "common.cuh").read_text()
-    return text.replace('#include "common.cuh"', common)
+    for header in HEADERS:
+        text = text.replace(f'#include "{header}"', (base / header).read_text())
+    return text
 
 
 def _kernel(module: str, name: str):

@@ -42,7 +42,7 @@ BINS = 1 << DIGIT_BITS
 #: Elements per thread per iteration of the passes (``R2_ILP`` in ``cuda/radix.cu``; a pass over an aligned
 #: ``x`` loads ``R2_VILP`` = 2 16-byte vectors instead): sizes the grid.
 ILP = 4
-#: Device state slots after the histogram (``S_*`` in ``cuda/radix.cu``: 10 used).
+#: Device state slots after the histogram (``RS_*`` in ``cuda/radix_select.cuh``: 10 used).
 STATE_SLOTS = 16
 #: A candidate buffer holds ``n // CANDIDATE_FRACTION`` entries (at least :data:`MIN_CANDIDATES`).
 CANDIDATE_FRACTION = 8

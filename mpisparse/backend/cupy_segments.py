@@ -38,7 +38,7 @@ from .numpy_segments import _segment_ks, _segments
 
 #: Elements per tile (one block) of the segmented launches.
 SEG_TILE = 1 << 13
-#: Device state slots per segment of the segmented top-k (``SK_SLOTS`` in ``cuda/segmented.cu``: 10 used).
+#: Device state slots per segment of the segmented top-k (``RS_SLOTS`` in ``cuda/radix_select.cuh``: 10 used).
 STATE_SLOTS = 16
 #: A segment's candidate region holds ``size // CANDIDATE_FRACTION`` entries (at least
 #: :data:`MIN_CANDIDATES`, at most the segment); a bucket that outgrows it makes the next pass read ``x``.

@@ -117,4 +117,21 @@ __device__ __forceinline__ K kth_in_block(const K* __restrict__ keys, u64 n, u64
     return prefix;
 }
 
+// 16-byte vectors of x (where it is 16-byte aligned): four floats or two doubles per load
+template <typename T> struct Vec16;
+template <> struct Vec16<float> {
+    typedef float4 type;
+    static const int W = 4;
+    __device__ __forceinline__ static void get(const float4& v, float* o) {
+        o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+    }
+};
+template <> struct Vec16<double> {
+    typedef double2 type;
+    static const int W = 2;
+    __device__ __forceinline__ static void get(const double2& v, double* o) {
+        o[0] = v.x; o[1] = v.y;
+    }
+};
+
 #endif  // MPISPARSE_COMMON_CUH

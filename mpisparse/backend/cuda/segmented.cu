@@ -44,24 +44,12 @@
 // (blockDim % 32 == 0, at most SK_MAX_THREADS).
 
 #include "common.cuh"
+#include "radix_select.cuh"
 
 #define SK_BITS 11
 #define SK_BINS 2048
 #define SK_ILP 4
 #define SK_MAX_THREADS 1024
-
-// per-segment device state slots (u64; SK_SLOTS of them per segment)
-#define SK_SLOTS 16
-#define SK_NEED 0    // the remaining need (after pass 0's decision)
-#define SK_PREFIX 1  // the key bits chosen so far
-#define SK_FINAL 2   // the segment's final pass + 1 (0: not decided yet)
-#define SK_SRC 3     // 1: this pass reads the previous pass's candidates, 0: x
-#define SK_SRC_N 4   // how many it reads there
-#define SK_WRITE 5   // 1: this pass writes its candidates (the bucket fits the region)
-#define SK_CAND 6    // candidates written by this pass
-#define SK_OUT 7     // winners written so far
-#define SK_TIES 8    // bucket keys taken by the final pass
-#define SK_BLOCKS 9  // tiles of this pass finished
 
 // ---------------------------------------------------------------- layer norms
 template <typename T>
@@ -105,62 +93,6 @@ __device__ __forceinline__ void seg_norms(const T* __restrict__ x, const i64* __
 }
 
 // ---------------------------------------------------------------- segmented top-k
-// What one pass does with a few keys of every thread (every thread of the block calls run(), with the same NE):
-// classify against the segment's prefix, count the bucket's keys in the block's histogram, append winners,
-// candidates or the final bucket's keys (warp-aggregated; a warp with nothing to append skips the appends).
-template <typename T, typename I>
-struct SegStep {
-    typedef typename MagKey<T>::type K;
-    K pfx, dmask;
-    int sp, wp, sc;
-    bool last_pass, write;
-    u64 need, k, cap;
-    u64* st;
-    u32* shist;
-    I* out;
-    I* dst_idx;
-    K* dst_key;
-
-    // 0 dropped, 1 winner (above the bucket of the previous digit), 2 in that bucket
-    __device__ __forceinline__ int classify(K key) const {
-        if (sp < 0) return 2;  // pass 0: every key is in play
-        const K hi = key >> sp, phi = pfx >> sp;
-        const int up = sp + wp;  // bits above the previous digit: 31 or 63 at most
-        if (hi == phi) return 2;
-        return hi > phi && (key >> up) == (pfx >> up) ? 1 : 0;
-    }
-
-    template <int NE>
-    __device__ __forceinline__ void run(const K* key, const i64* id, const bool* in) const {
-        int cls[NE];
-        bool any = false;
-#pragma unroll
-        for (int j = 0; j < NE; ++j) {
-            cls[j] = in[j] ? classify(key[j]) : 0;
-            if (!last_pass && cls[j] == 2) atomicAdd(&shist[(u32)((key[j] >> sc) & dmask)], 1u);
-            any = any || cls[j] == 1 || (cls[j] == 2 && (last_pass || write));
-        }
-        if (__ballot_sync(MPS_FULL_MASK, any) == 0u) return;  // uniform across the warp
-#pragma unroll
-        for (int j = 0; j < NE; ++j) {
-            const bool win = cls[j] == 1;
-            const u64 p = warp_append(win, &st[SK_OUT]);
-            if (win) out[p] = (I)id[j];
-            const bool in_bucket = cls[j] == 2;
-            if (last_pass) {  // ties at the k-th magnitude (or, after an early stop, the whole bucket)
-                const u64 q = warp_append(in_bucket, &st[SK_TIES]);
-                if (in_bucket && q < need) out[k - need + q] = (I)id[j];
-            } else if (write) {
-                const u64 q = warp_append(in_bucket, &st[SK_CAND]);
-                if (in_bucket && q < cap) {
-                    dst_idx[q] = (I)id[j];
-                    dst_key[q] = key[j];
-                }
-            }
-        }
-    }
-};
-
 // One pass of the segmented radix select; block b handles tile b of segment s = tile_seg[b].
 // Per segment: seg_lo (first element), seg_tiles (its tiles), seg_k (k_s; 0: the segment is skipped),
 // out_off (its output offset), cand_off / cand_cap (its candidate region in each of the two candidate buffers).
@@ -182,14 +114,14 @@ __device__ __forceinline__ void segk_pass(
     const i64 s = tile_seg[blockIdx.x];
     const u64 k = (u64)seg_k[s];
     if (k == 0ull) return;  // nothing to select in this segment
-    u64* st = st_all + s * SK_SLOTS;
-    const u64 fin = st[SK_FINAL];
+    u64* st = st_all + s * RS_SLOTS;
+    const u64 fin = st[RS_FINAL];
     if (fin != 0ull && (u64)pass + 1ull > fin) return;  // this segment finished early: nothing left to do
     const bool last_pass = fin != 0ull && (u64)pass + 1ull == fin;
-    const u64 need = pass == 0 ? k : st[SK_NEED];
-    const K pfx = (K)st[SK_PREFIX];
-    const bool from_cand = st[SK_SRC] != 0ull;
-    const bool write = !last_pass && st[SK_WRITE] != 0ull;
+    const u64 need = pass == 0 ? k : st[RS_NEED];
+    const K pfx = (K)st[RS_PREFIX];
+    const bool from_cand = st[RS_SRC] != 0ull;
+    const bool write = !last_pass && st[RS_WRITE] != 0ull;
     const i64 coff = cand_off[s];
     const u64 cap = (u64)cand_cap[s];
     const int nb = last_pass ? 0 : 1 << wc;
@@ -197,7 +129,7 @@ __device__ __forceinline__ void segk_pass(
     for (int b = t; b < nb; b += blockDim.x) shist[b] = 0u;
     __syncthreads();
 
-    SegStep<T, I> step;
+    RadixStep<T, I> step;
     step.pfx = pfx; step.dmask = dmask; step.sp = sp; step.wp = wp; step.sc = sc;
     step.last_pass = last_pass; step.write = write; step.need = need; step.k = k; step.cap = cap;
     step.st = st; step.shist = shist; step.out = out + out_off[s];
@@ -205,93 +137,19 @@ __device__ __forceinline__ void segk_pass(
     // what this block reads: its tile of x, or the same share of the segment's candidates
     i64 lo = tile_lo[blockIdx.x], hi = tile_hi[blockIdx.x];
     if (from_cand) {
-        const i64 j = (lo - seg_lo[s]) / tile, m = (i64)st[SK_SRC_N];
+        const i64 j = (lo - seg_lo[s]) / tile, m = (i64)st[RS_SRC_N];
         lo = j * tile;
         hi = lo + tile < m ? lo + tile : m;
     }
     const I* __restrict__ ci = src_idx + coff;
     const K* __restrict__ ck = src_key + coff;
-    for (i64 base = lo; base < hi; base += (i64)blockDim.x * SK_ILP) {
-        K key[SK_ILP];
-        i64 id[SK_ILP];
-        bool in[SK_ILP];
-#pragma unroll
-        for (int j = 0; j < SK_ILP; ++j) {  // independent coalesced loads in flight
-            const i64 i = base + (i64)j * blockDim.x + t;
-            in[j] = i < hi;
-            key[j] = (K)0;
-            id[j] = i;
-            if (in[j]) {
-                if (from_cand) {
-                    key[j] = ck[i];
-                    id[j] = (i64)ci[i];
-                } else {
-                    key[j] = MagKey<T>::of(x[i]);
-                }
-            }
-        }
-        step.template run<SK_ILP>(key, id, in);
-    }
+    for (i64 base = lo; base < hi; base += (i64)blockDim.x * SK_ILP)
+        step.template load_run<SK_ILP>(x, ci, ck, from_cand, base, hi);
     if (last_pass) return;
 
     // merge this block's histogram into the segment's; the segment's last block picks the bucket
-    u64* hist = hist_all + s * SK_BINS;
-    __syncthreads();
-    for (int b = t; b < nb; b += blockDim.x)
-        if (shist[b] != 0u) atomicAdd(&hist[b], (u64)shist[b]);
-    __threadfence();
-    __syncthreads();
-    if (t == 0) s_last = atomicAdd(&st[SK_BLOCKS], 1ull) == (u64)seg_tiles[s] - 1ull;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-
-    // thread t owns `per` bins from the top: nb-1-t*per, ...; a block scan gives the counts above them
-    const volatile u64* vh = hist;
-    const int per = (nb + (int)blockDim.x - 1) / (int)blockDim.x;
-    u64 mine = 0ull;
-    for (int j = 0; j < per; ++j) {
-        const int b = nb - 1 - (t * per + j);
-        if (b >= 0) mine += vh[b];
-    }
-    part[t] = mine;
-    __syncthreads();
-    for (int off = 1; off < (int)blockDim.x; off <<= 1) {  // inclusive scan, Hillis-Steele
-        const u64 v = t >= off ? part[t - off] : 0ull;
-        __syncthreads();
-        part[t] += v;
-        __syncthreads();
-    }
-    u64 run = part[t] - mine;
-    for (int j = 0; j < per; ++j) {
-        const int b = nb - 1 - (t * per + j);
-        if (b < 0) break;
-        const u64 h = vh[b];
-        if (run < need && need <= run + h) {  // exactly one bin of one thread holds the need-th largest
-            s_bin = (u64)b;
-            s_above = run;
-            s_count = h;
-        }
-        run += h;
-    }
-    __syncthreads();
-    for (int j = 0; j < per; ++j) {  // the segment's next histogram pass starts from zero
-        const int b = nb - 1 - (t * per + j);
-        if (b >= 0) hist[b] = 0ull;
-    }
-    if (t == 0) {
-        volatile u64* vs = st;  // other blocks' atomics: not a cached copy
-        const u64 rest = need - s_above, c = s_count;
-        vs[SK_PREFIX] = (u64)(pfx | ((K)s_bin << sc));
-        vs[SK_SRC] = pass == 0 ? 0ull : vs[SK_WRITE];  // the next pass reads what this one wrote, if it wrote
-        vs[SK_SRC_N] = vs[SK_CAND];
-        vs[SK_CAND] = 0ull;
-        vs[SK_WRITE] = c <= cap ? 1ull : 0ull;
-        vs[SK_NEED] = rest;
-        if (c == rest || sc == 0) vs[SK_FINAL] = (u64)pass + 2ull;  // the next pass writes the rest
-        vs[SK_BLOCKS] = 0ull;
-        __threadfence();
-    }
+    radix_pick<K>(shist, nb, hist_all + s * SK_BINS, st, (u64)seg_tiles[s], need, pfx, sc, pass, cap, part, s_bin,
+                  s_above, s_count, s_last);
 }
 
 // ---------------------------------------------------------------- extern "C" entry points

@@ -28,23 +28,6 @@
 #define ILP 4
 #define VILP 2
 
-// 16-byte vectors of x: four floats or two doubles per load
-template <typename T> struct Vec;
-template <> struct Vec<float> {
-    typedef float4 type;
-    static const int W = 4;
-    __device__ __forceinline__ static void get(const float4& v, float* o) {
-        o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
-    }
-};
-template <> struct Vec<double> {
-    typedef double2 type;
-    static const int W = 2;
-    __device__ __forceinline__ static void get(const double2& v, double* o) {
-        o[0] = v.x; o[1] = v.y;
-    }
-};
-
 // ----------------------------------------------------------------- threshold select
 template <typename T, typename I>
 __device__ __forceinline__ void select_ge(const T* __restrict__ x, i64 n, T t, const T* __restrict__ t_ptr,
@@ -112,9 +95,9 @@ __device__ __forceinline__ void select_vec(const T* __restrict__ x, i64 n, T t, 
                                            I* __restrict__ idx, T* __restrict__ vals,
                                            typename MagKey<T>::type* __restrict__ keys,
                                            u64* __restrict__ counter, u64 capacity) {
-    typedef typename Vec<T>::type V;
+    typedef typename Vec16<T>::type V;
     typedef typename MagKey<T>::type K;
-    const int W = Vec<T>::W;
+    const int W = Vec16<T>::W;
     K tk = (K)0;
     if (KEYS) tk = *t_key;
     else if (t_ptr != 0) t = *t_ptr;
@@ -127,7 +110,7 @@ __device__ __forceinline__ void select_vec(const T* __restrict__ x, i64 n, T t, 
         for (int j = 0; j < VILP; ++j) {
             const i64 i = base + (i64)j * blockDim.x + threadIdx.x;
             if (i < nv) {
-                Vec<T>::get(xv[i], v[j]);
+                Vec16<T>::get(xv[i], v[j]);
             } else {
 #pragma unroll
                 for (int e = 0; e < W; ++e) v[j][e] = (T)0;
